@@ -1,0 +1,110 @@
+"""Build a tiny Qwen3 locally: a BPE tokenizer trained with `tokenizers` plus a randomly
+initialised ``Qwen3ForCausalLM``. Tests, the CPU demo and the learning benchmark use it
+because no weights can be downloaded here; production recipes name a Hub id instead.
+
+The saved folder is a normal Hugging Face checkpoint (config, safetensors, tokenizer,
+chat template, generation config), so TRL, peft, export and vLLM treat it like any Qwen3.
+
+Dates: the pre-project measurement (shared/notes/cpu-learnability.md) found that a tiny
+model copies dates far better when each ISO date is one token, so ``date_tokens`` adds
+whole-date tokens (``2023-05-07``) to the vocabulary.
+"""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Iterable
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+
+# Qwen-style ChatML. `enable_thinking=False` (Qwen3's switch, passed through
+# chat_template_kwargs) writes the empty think block Qwen3 expects.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
+)
+
+
+def iso_dates(first: date, last: date) -> list[str]:
+    """Every ISO date from ``first`` to ``last`` inclusive."""
+    return [(first + timedelta(days=i)).isoformat() for i in range((last - first).days + 1)]
+
+
+def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, date_tokens: Iterable[str] = ()):
+    """Byte-level BPE over ``corpus``; returns a ``PreTrainedTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+    )
+    dates = sorted(set(date_tokens))
+    if dates:
+        fast.add_tokens(dates)  # whole-date tokens, matched before BPE
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_qwen3(
+    out_dir: str | Path,
+    corpus: Iterable[str],
+    *,
+    vocab_size: int = 2048,
+    date_tokens: Iterable[str] = (),
+    hidden_size: int = 256,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 512,
+    max_position_embeddings: int = 4096,
+    seed: int = 0,
+) -> Path:
+    """Train a tokenizer on ``corpus``, build a random Qwen3 around it, save both."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(corpus, vocab_size=vocab_size, date_tokens=date_tokens)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
+    )
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,183 @@
+"""The data model every tider stage shares.
+
+Decisions (see DESIGN.md):
+- Timestamps are timezone-naive UTC ``datetime``.
+- A ``Window`` is a closed interval ``[start, end]``.
+- A ``Memory`` stores its messages sorted by time, and a message's ``id`` is its position
+  in that order, so a time window maps to a contiguous id range found by bisection.
+- Gold labels (answer, evidence, gold windows, gold temporal flag) live in ``Query.gold``,
+  a separate object that the inference path (retrievers, window sources, prompts) never
+  reads. ``Query.public()`` returns the query without it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Literal, Optional, Sequence
+
+Granularity = Literal["day", "minute"]
+GRANULARITY_UNIT: dict[str, timedelta] = {"day": timedelta(days=1), "minute": timedelta(minutes=1)}
+
+
+def floor_time(ts: datetime, granularity: Granularity) -> datetime:
+    """Round ``ts`` down to the dataset's granularity (day or minute)."""
+    if granularity == "day":
+        return ts.replace(hour=0, minute=0, second=0, microsecond=0)
+    return ts.replace(second=0, microsecond=0)
+
+
+def format_time(ts: datetime, granularity: Granularity) -> str:
+    """ISO 8601 at the dataset's granularity: ``YYYY-MM-DD`` or ``YYYY-MM-DDTHH:MM``."""
+    return ts.strftime("%Y-%m-%d" if granularity == "day" else "%Y-%m-%dT%H:%M")
+
+
+@dataclass(frozen=True, order=True)
+class Window:
+    """A closed time interval ``[start, end]``."""
+
+    start: datetime
+    end: datetime
+
+    def __post_init__(self) -> None:
+        if self.start > self.end:
+            raise ValueError(f"window start {self.start} is after end {self.end}")
+
+    def contains(self, ts: datetime) -> bool:
+        return self.start <= ts <= self.end
+
+    def widen(self, by: timedelta) -> "Window":
+        return Window(self.start - by, self.end + by)
+
+    def distance(self, ts: datetime) -> timedelta:
+        """Time from ``ts`` to the nearest point of the window (zero inside)."""
+        if ts < self.start:
+            return self.start - ts
+        if ts > self.end:
+            return ts - self.end
+        return timedelta(0)
+
+    def to_json(self, granularity: Granularity) -> dict:
+        return {"start": format_time(self.start, granularity), "end": format_time(self.end, granularity)}
+
+
+@dataclass(frozen=True)
+class WindowPrediction:
+    """What a window source says about a query: does it need time, and where to look."""
+
+    temporal: bool
+    windows: tuple[Window, ...] = ()
+
+    def to_json(self, granularity: Granularity) -> dict:
+        return {"temporal": self.temporal, "windows": [w.to_json(granularity) for w in self.windows]}
+
+
+NON_TEMPORAL = WindowPrediction(temporal=False, windows=())
+
+
+@dataclass(frozen=True)
+class Message:
+    """One memory item. ``id`` is its position in the time-sorted memory; ``key`` is the
+    id in the source data (e.g. LoCoMo ``dia_id`` ``"D3:7"``)."""
+
+    id: int
+    key: str
+    text: str
+    timestamp: datetime
+    speaker: str
+    session: str
+    channel: Optional[str] = None
+    topic: Optional[str] = None
+    phase: Optional[str] = None
+    stage: Optional[int] = None
+    role: Optional[str] = None
+
+
+class Memory:
+    """A conversation's messages, sorted by time, with O(log n) window -> id-range lookup."""
+
+    def __init__(self, key: str, messages: Sequence[Message], granularity: Granularity = "day"):
+        ordered = sorted(messages, key=lambda m: (m.timestamp, m.id))
+        # Re-number so that id == position: every index and id range relies on it.
+        self.messages: list[Message] = [replace(m, id=i) for i, m in enumerate(ordered)]
+        self.key = key
+        self.granularity: Granularity = granularity
+        self.timestamps: list[datetime] = [m.timestamp for m in self.messages]
+        self._by_key = {m.key: m.id for m in self.messages}
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __getitem__(self, i: int) -> Message:
+        return self.messages[i]
+
+    def __iter__(self):
+        return iter(self.messages)
+
+    def id_of(self, key: str) -> Optional[int]:
+        """The id of the message whose source key is ``key`` (None if there is none)."""
+        return self._by_key.get(key)
+
+    def id_range(self, window: Window) -> tuple[int, int]:
+        """Half-open id range ``[lo, hi)`` of the messages inside the closed ``window``."""
+        lo = bisect.bisect_left(self.timestamps, window.start)
+        hi = bisect.bisect_right(self.timestamps, window.end)
+        return lo, hi
+
+    @property
+    def span(self) -> Window:
+        if not self.messages:
+            raise ValueError(f"memory {self.key!r} is empty")
+        return Window(self.timestamps[0], self.timestamps[-1])
+
+    @property
+    def sessions(self) -> list[str]:
+        return list(dict.fromkeys(m.session for m in self.messages))
+
+
+@dataclass(frozen=True)
+class Gold:
+    """Evaluation-only labels. The inference path never reads these."""
+
+    answer: Optional[str] = None
+    evidence_ids: tuple[int, ...] = ()
+    windows: tuple[Window, ...] = ()
+    temporal: bool = False
+    unresolved_evidence: tuple[str, ...] = ()  # raw evidence refs that matched no message
+
+
+@dataclass(frozen=True)
+class Query:
+    """A question asked of a memory. ``key`` is stable across runs (used to resume)."""
+
+    key: str
+    memory_key: str
+    text: str
+    asked_at: datetime
+    user: Optional[str] = None
+    category: Optional[str] = None
+    gold: Gold = field(default_factory=Gold, repr=False, compare=False)
+
+    def public(self) -> "Query":
+        """The query as the inference path may see it: gold labels stripped."""
+        return replace(self, gold=Gold())
+
+
+@dataclass
+class Dataset:
+    """A loaded benchmark: memories by key, queries, and loader statistics."""
+
+    name: str
+    granularity: Granularity
+    memories: dict[str, Memory]
+    queries: list[Query]
+    stats: dict = field(default_factory=dict)  # loader-specific counts (unresolved evidence ...)
+
+    def memory_of(self, query: Query) -> Memory:
+        return self.memories[query.memory_key]
+
+
+def window_bucket(n_windows: int) -> str:
+    """Gold-window-count bucket used in reports and DAR: "0", "1", "2", ">=3"."""
+    return str(n_windows) if n_windows < 3 else ">=3"
