@@ -1,0 +1,125 @@
+"""Read a locator completion back into a ``WindowPrediction`` — or a typed failure.
+
+The parser never raises: a GRPO reward must score a malformed completion 0 and count
+why, not crash the trainer. Failure reasons are a ``str`` Enum so they log as plain text.
+
+Accepted input: an optional ``<think>...</think>`` block, then the first JSON object in
+the text (leading prose or code fences are tolerated; the first object that decodes wins).
+
+Day granularity: ``{"start": "2023-05-01", "end": "2023-05-03"}`` means the whole of
+May 1-3, so ``end`` is moved to the last instant of its day (23:59:59.999999). A retriever
+slicing ``Memory.id_range`` then keeps afternoon messages of the last day; the scorers
+floor to the granularity, so IoU is unchanged. Minute granularity works the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Optional
+
+import jsonschema
+from dateutil.parser import isoparse
+
+from tider.locator.prompt import MAX_WINDOWS, OUTPUT_SCHEMA
+from tider.types import GRANULARITY_UNIT, Granularity, Window, WindowPrediction, floor_time
+
+
+class ParseFailure(str, Enum):
+    NO_JSON = "no_json"
+    SCHEMA = "schema"
+    BAD_DATE = "bad_date"
+    START_AFTER_END = "start_after_end"
+    OUTSIDE_MEMORY = "outside_memory"
+    TOO_MANY_WINDOWS = "too_many_windows"
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    prediction: Optional[WindowPrediction]
+    failure: Optional[ParseFailure] = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.prediction is not None
+
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+# The schema without its maxItems: too many windows is its own, more useful, failure.
+_SHAPE_SCHEMA = json.loads(json.dumps(OUTPUT_SCHEMA))
+_SHAPE_SCHEMA["properties"]["windows"].pop("maxItems", None)
+_VALIDATOR = jsonschema.Draft202012Validator(_SHAPE_SCHEMA)
+
+
+def _first_json_object(text: str) -> Optional[object]:
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"\{", text):
+        try:
+            obj, _ = decoder.raw_decode(text, match.start())
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return None
+
+
+def _parse_time(value: str, granularity: Granularity) -> datetime:
+    ts = isoparse(value)
+    if ts.tzinfo is not None:  # the data model is naive UTC
+        ts = (ts - ts.utcoffset()).replace(tzinfo=None)
+    return floor_time(ts, granularity)
+
+
+def _end_of_unit(ts: datetime, granularity: Granularity) -> datetime:
+    return floor_time(ts, granularity) + GRANULARITY_UNIT[granularity] - timedelta(microseconds=1)
+
+
+def parse_prediction(
+    text: str,
+    *,
+    granularity: Granularity,
+    memory_span: Optional[Window] = None,
+    max_windows: int = MAX_WINDOWS,
+) -> ParseResult:
+    """Parse a completion. ``memory_span`` (``Memory.span``) enables the outside-memory check:
+    a window that does not overlap the memory's span at all is a failure."""
+    if not isinstance(text, str):
+        return ParseResult(None, ParseFailure.NO_JSON, f"completion is {type(text).__name__}, not text")
+    body = _THINK.sub("", text)
+    if "<think>" in body:  # an unclosed think block: the answer never came
+        return ParseResult(None, ParseFailure.NO_JSON, "unclosed <think> block")
+    obj = _first_json_object(body)
+    if obj is None:
+        return ParseResult(None, ParseFailure.NO_JSON, "no JSON object in completion")
+    error = next(iter(_VALIDATOR.iter_errors(obj)), None)
+    if error is not None:
+        return ParseResult(None, ParseFailure.SCHEMA, error.message)
+    temporal, raw_windows = obj["temporal"], obj["windows"]
+    if not temporal:
+        if raw_windows:
+            return ParseResult(None, ParseFailure.SCHEMA, "temporal is false but windows are given")
+        return ParseResult(WindowPrediction(temporal=False, windows=()))
+    if not raw_windows:
+        return ParseResult(None, ParseFailure.SCHEMA, "temporal is true but no window is given")
+    if len(raw_windows) > max_windows:
+        return ParseResult(None, ParseFailure.TOO_MANY_WINDOWS, f"{len(raw_windows)} windows > {max_windows}")
+    windows = []
+    for raw in raw_windows:
+        try:
+            start, end = _parse_time(raw["start"], granularity), _parse_time(raw["end"], granularity)
+        except (ValueError, OverflowError) as exc:
+            return ParseResult(None, ParseFailure.BAD_DATE, f"{raw!r}: {exc}")
+        if start > end:
+            return ParseResult(None, ParseFailure.START_AFTER_END, f"{raw['start']} > {raw['end']}")
+        window = Window(start, _end_of_unit(end, granularity))
+        if memory_span is not None:
+            lo = floor_time(memory_span.start, granularity)
+            hi = _end_of_unit(memory_span.end, granularity)
+            if window.end < lo or window.start > hi:
+                return ParseResult(None, ParseFailure.OUTSIDE_MEMORY, f"{raw['start']}..{raw['end']} outside memory span")
+        windows.append(window)
+    return ParseResult(WindowPrediction(temporal=True, windows=tuple(sorted(set(windows)))))
