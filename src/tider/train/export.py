@@ -1,0 +1,390 @@
+"""Turn a training checkpoint into a servable locator folder, and check such folders.
+
+``export_locator(checkpoint, out)`` accepts the three layouts training produces:
+
+- a LoRA adapter (``adapter_config.json``): loaded over its base model and merged with
+  peft's ``merge_and_unload``, so vLLM serves one plain set of weights;
+- full weights (``config.json`` + safetensors/bin): re-saved as safetensors;
+- a DeepSpeed ZeRO-3 checkpoint (``global_step*/`` shards): gathered to fp32 with
+  ``deepspeed.utils.zero_to_fp32`` when deepspeed is installed, otherwise a clear error
+  with the command that gathers it. ZeRO-3 runs saved without
+  ``stage3_gather_16bit_weights_on_model_save`` leave 0-element tensors in
+  ``model.safetensors``; those are detected and refused rather than exported as garbage.
+
+The export folder holds safetensors, tokenizer (+ chat template), generation config and
+``tider_locator.json`` — prompt version, output schema, granularity, training-data hash —
+which ``tider serve`` and the ``locator`` window source check before use, so a model is
+never served behind a prompt it was not trained on.
+
+The export is verified by reloading it and comparing, on fixed prompts, the logits
+(max abs difference reported) and the greedy continuations (must be identical) against
+the source model held in memory (for LoRA: the unmerged PeftModel).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+METADATA_FILE = "tider_locator.json"
+METADATA_FORMAT = 1
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+# Fixed verification prompts: locator-shaped questions, no dataset needed. Short, so the
+# check costs seconds on CPU for the tiny model and well under a minute for a 1.7B one.
+VERIFY_PROMPTS = (
+    "Timeline:\n2023-05-07 to 2023-05-09: Caroline went to a support group.\n"
+    "Question (asked 2023-06-01): When did Caroline go to the support group?",
+    "Timeline:\n2023-03-02: Melanie painted a sunrise.\n2023-08-14: Melanie ran a charity race.\n"
+    "Question (asked 2023-09-01): What did Melanie do last month?",
+    "Question (asked 2024-01-10): What is Jon's favourite food?",
+)
+
+
+class ExportError(ValueError):
+    """A checkpoint cannot be exported, or an export folder is not a usable locator."""
+
+
+@dataclass
+class ExportReport:
+    out_dir: str
+    source_layout: str  # "lora" | "full" | "zero3"
+    dtype: str
+    max_abs_logit_diff: Optional[float] = None
+    greedy_identical: Optional[bool] = None
+    greedy_mismatches: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.safetensors")) + sorted(folder.glob("pytorch_model*.bin"))
+
+
+def _zero_shards(folder: Path) -> list[Path]:
+    return sorted(folder.glob("global_step*/*model_states.pt"))
+
+
+def detect_layout(checkpoint: Path) -> str:
+    """``lora``, ``full`` or ``zero3``; raises ExportError naming what is missing."""
+    if not checkpoint.is_dir():
+        raise ExportError(f"{checkpoint}: checkpoint folder does not exist")
+    if (checkpoint / "adapter_config.json").exists():
+        return "lora"
+    if _weight_files(checkpoint):
+        return "full"
+    if _zero_shards(checkpoint):
+        return "zero3"
+    subdirs = sorted(p.name for p in checkpoint.glob("checkpoint-*") if p.is_dir())
+    hint = f" (trainer checkpoints inside: {', '.join(subdirs)}; pass one of them)" if subdirs else ""
+    raise ExportError(
+        f"{checkpoint}: no adapter_config.json, no *.safetensors/pytorch_model*.bin and no "
+        f"DeepSpeed global_step*/ shards — not a model checkpoint{hint}"
+    )
+
+
+def check_weights_not_empty(folder: Path) -> None:
+    """Refuse safetensors holding 0-element tensors (ZeRO-3 saved without gathering)."""
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            keys = list(f.keys())
+            if not keys:
+                raise ExportError(f"{path}: empty weights (the file holds no tensors)")
+            empty = [k for k in keys if _numel(f.get_slice(k).get_shape()) == 0]
+        if empty:
+            raise ExportError(
+                f"{path}: empty weights — {len(empty)} of {len(keys)} tensors have 0 elements "
+                f"(e.g. {empty[0]!r}). This is what a DeepSpeed ZeRO-3 run saves without "
+                "`stage3_gather_16bit_weights_on_model_save: true`; set it in the DeepSpeed "
+                "config, or export the global_step*/ shards (see tider export --help)."
+            )
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _torch_dtype(name: str, config) -> "object":
+    import torch
+
+    if name == "auto":
+        # The config's dtype is what training declared; fall back to fp32 when absent.
+        name = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32")
+        name = name.replace("torch.", "")
+    if name not in DTYPES[1:]:
+        raise ExportError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
+
+def _load_zero3(checkpoint: Path, dtype):
+    """Gather ZeRO-3 shards into a model built from the checkpoint's config."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    except ImportError as exc:
+        script = checkpoint / "zero_to_fp32.py"
+        gather = (
+            f"python {script} {checkpoint} {checkpoint}/gathered --safe_serialization"
+            if script.exists()
+            else "pip install 'tider[gpu]'  # deepspeed"
+        )
+        raise ExportError(
+            f"{checkpoint}: DeepSpeed ZeRO-3 shards ({_zero_shards(checkpoint)[0].parent.name}/) need "
+            f"deepspeed to be gathered, and it is not installed. Either install it and rerun "
+            f"tider export, or gather them first:\n  {gather}\nthen copy config.json and the "
+            f"tokenizer next to the gathered weights and export that folder."
+        ) from exc
+    if not (checkpoint / "config.json").exists():
+        raise ExportError(f"{checkpoint}: ZeRO-3 shards found but no config.json to build the model from")
+    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
+    if not state or all(t.numel() == 0 for t in state.values()):
+        raise ExportError(f"{checkpoint}: empty weights after gathering the ZeRO-3 shards")
+    config = AutoConfig.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(state, strict=False)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    return model.to(dtype)
+
+
+def load_source(checkpoint: Path, *, layout: str, dtype_name: str = "auto", base_model: Optional[str] = None):
+    """(model to export, reference model for verification, tokenizer source folder)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if layout == "lora":
+        from peft import PeftConfig, PeftModel
+
+        peft_config = PeftConfig.from_pretrained(checkpoint)
+        base = base_model or peft_config.base_model_name_or_path
+        if not base:
+            raise ExportError(f"{checkpoint}/adapter_config.json names no base model; pass --base-model")
+        dtype = _torch_dtype(dtype_name, AutoConfig.from_pretrained(base))
+        reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), checkpoint)
+        reference.eval()
+        # merge into a second copy: the unmerged one stays as the verification reference.
+        merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), checkpoint)
+        merged = merged.merge_and_unload()
+        tok_dir = checkpoint if _has_tokenizer(checkpoint) else Path(base)
+        return merged, reference, tok_dir
+    if layout == "full":
+        check_weights_not_empty(checkpoint)
+        dtype = _torch_dtype(dtype_name, AutoConfig.from_pretrained(checkpoint))
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
+        return model, model, checkpoint
+    if layout == "zero3":
+        dtype = _torch_dtype(dtype_name, AutoConfig.from_pretrained(checkpoint))
+        model = _load_zero3(checkpoint, dtype)
+        return model, model, checkpoint
+    raise ExportError(f"unknown checkpoint layout {layout!r}; known: lora, full, zero3")
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).exists() for name in TOKENIZER_FILES)
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+def find_training_metadata(checkpoint: Path) -> dict:
+    """``tider_locator.json`` written by training, in the checkpoint or its run folder."""
+    for folder in (checkpoint, checkpoint.parent):
+        path = folder / METADATA_FILE
+        if path.exists():
+            return _read_metadata_file(path)
+    return {}
+
+
+def _read_metadata_file(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ExportError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ExportError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def current_prompt_contract() -> tuple[str, dict]:
+    """(PROMPT_VERSION, OUTPUT_SCHEMA) of the locator prompt this code base speaks."""
+    from tider.locator.prompt import OUTPUT_SCHEMA, PROMPT_VERSION
+
+    return PROMPT_VERSION, OUTPUT_SCHEMA
+
+
+def build_metadata(training: dict, *, granularity: Optional[str], data_hash: Optional[str], layout: str,
+                   dtype: str, checkpoint: Path) -> dict:
+    prompt_version, schema = current_prompt_contract()
+    trained_version = training.get("prompt_version")
+    if trained_version and trained_version != prompt_version:
+        raise ExportError(
+            f"{checkpoint}: trained with prompt version {trained_version!r}, but this code's locator "
+            f"prompt is {prompt_version!r}; export with the tider version that trained it"
+        )
+    granularity = granularity or training.get("granularity")
+    if granularity not in ("day", "minute"):
+        raise ExportError(
+            f"{checkpoint}: granularity unknown (no {METADATA_FILE} from training); pass --granularity day|minute"
+        )
+    return {
+        "format": METADATA_FORMAT,
+        "prompt_version": prompt_version,
+        "output_schema": schema,
+        "granularity": granularity,
+        "training_data_hash": data_hash or training.get("training_data_hash"),
+        "source_checkpoint": str(checkpoint),
+        "source_layout": layout,
+        "dtype": dtype,
+    }
+
+
+def load_locator_metadata(model_dir: str | Path) -> dict:
+    """Check an export folder is a usable locator and return its ``tider_locator.json``.
+
+    Raises ExportError naming the folder and the problem: missing metadata, a prompt
+    version or output schema other than this code's, no tokenizer, no or empty weights.
+    """
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise ExportError(f"{folder}: model folder does not exist")
+    path = folder / METADATA_FILE
+    if not path.exists():
+        raise ExportError(f"{folder}: no {METADATA_FILE} — not a tider export (run `tider export` first)")
+    meta = _read_metadata_file(path)
+    missing = [k for k in ("prompt_version", "output_schema", "granularity") if k not in meta]
+    if missing:
+        raise ExportError(f"{path}: missing field(s) {', '.join(missing)}")
+    prompt_version, schema = current_prompt_contract()
+    if meta["prompt_version"] != prompt_version:
+        raise ExportError(
+            f"{path}: prompt version {meta['prompt_version']!r} does not match this code's {prompt_version!r}; "
+            "the model would be prompted with a format it was not trained on"
+        )
+    if meta["output_schema"] != schema:
+        raise ExportError(f"{path}: output_schema differs from tider.locator.prompt.OUTPUT_SCHEMA")
+    if not _has_tokenizer(folder):
+        raise ExportError(f"{folder}: tokenizer missing (none of {', '.join(TOKENIZER_FILES)})")
+    if not list(folder.glob("*.safetensors")):
+        raise ExportError(f"{folder}: no *.safetensors weights")
+    check_weights_not_empty(folder)
+    return meta
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def _prompt_ids(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
+    out = []
+    for text in prompts:
+        messages = [{"role": "user", "content": text}]
+        if tokenizer.chat_template:
+            ids = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, enable_thinking=False, tokenize=True, return_dict=False
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+        else:
+            ids = tokenizer(text)["input_ids"]
+        out.append(list(ids))
+    return out
+
+
+def compare_models(reference, exported, tokenizer, prompts: Sequence[str] = VERIFY_PROMPTS,
+                   max_new_tokens: int = 24) -> tuple[float, list[dict]]:
+    """(max |logit difference| over the prompts, greedy continuations that differ)."""
+    import torch
+
+    max_diff, mismatches = 0.0, []
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    with torch.inference_mode():
+        for ids in _prompt_ids(tokenizer, prompts):
+            x = torch.tensor([ids])
+            a = reference(input_ids=x).logits.float()
+            b = exported(input_ids=x).logits.float()
+            max_diff = max(max_diff, (a - b).abs().max().item())
+            kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+            ga = reference.generate(x, **kwargs)[0, len(ids):].tolist()
+            gb = exported.generate(x, **kwargs)[0, len(ids):].tolist()
+            if ga != gb:
+                mismatches.append({"prompt": tokenizer.decode(ids), "source": tokenizer.decode(ga),
+                                   "export": tokenizer.decode(gb)})
+    return max_diff, mismatches
+
+
+# --------------------------------------------------------------------------- export
+
+
+def export_locator(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    *,
+    dtype: str = "auto",
+    base_model: Optional[str] = None,
+    granularity: Optional[str] = None,
+    data_hash: Optional[str] = None,
+    verify: bool = True,
+    overwrite: bool = False,
+) -> ExportReport:
+    """Export ``checkpoint`` to ``out_dir`` (see the module docstring) and verify it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    checkpoint, out = Path(checkpoint), Path(out_dir)
+    if dtype not in DTYPES:
+        raise ExportError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    layout = detect_layout(checkpoint)
+    training = find_training_metadata(checkpoint)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ExportError(f"{out}: output folder is not empty (pass --overwrite to replace it)")
+        shutil.rmtree(out)
+    model, reference, tok_dir = load_source(checkpoint, layout=layout, dtype_name=dtype, base_model=base_model)
+    if not _has_tokenizer(tok_dir):
+        raise ExportError(f"{checkpoint}: tokenizer missing (none of {', '.join(TOKENIZER_FILES)}) in {tok_dir}")
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    if not tokenizer.chat_template:
+        raise ExportError(f"{tok_dir}: tokenizer has no chat template; the locator prompt needs one")
+    dtype_name = str(next(model.parameters()).dtype).replace("torch.", "")
+    meta = build_metadata(training, granularity=granularity, data_hash=data_hash, layout=layout,
+                          dtype=dtype_name, checkpoint=checkpoint)
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.dtype = dtype_name  # what vLLM's `--dtype auto` will pick
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    generation = model.generation_config if model.generation_config is not None else GenerationConfig()
+    # Greedy by default: the locator's output is a decision, not a sample.
+    generation.do_sample = False
+    generation.eos_token_id = tokenizer.eos_token_id
+    generation.pad_token_id = tokenizer.pad_token_id
+    for unused in ("temperature", "top_p", "top_k"):
+        setattr(generation, unused, None)
+    generation.save_pretrained(out)
+    (out / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+    report = ExportReport(out_dir=str(out), source_layout=layout, dtype=dtype_name)
+    if verify:
+        load_locator_metadata(out)
+        exported = AutoModelForCausalLM.from_pretrained(out, dtype=next(model.parameters()).dtype)
+        exported.eval()
+        reference.eval()
+        reloaded_tok = AutoTokenizer.from_pretrained(out)
+        report.max_abs_logit_diff, report.greedy_mismatches = compare_models(reference, exported, reloaded_tok)
+        report.greedy_identical = not report.greedy_mismatches
+        (out / "export_report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    return report
