@@ -1,0 +1,307 @@
+"""GRPO rewards for the locator (TIDER Sec. 3.3), as a registry of named functions.
+
+TRL 1.16 calls every reward as ``f(prompts=, completions=, completion_ids=,
+**dataset_columns, trainer_state=, log_metric=, log_extra=)`` and logs
+``rewards/<f.__name__>/mean``. ``make_rewards(names, context)`` returns callables whose
+``__name__`` is the registry name, so the logged names are the configured ones.
+
+| name | paper | value |
+|---|---|---|
+| ``format`` | – | 1 if the completion parses and passes the schema |
+| ``switch`` | r_det | ``scoring.switch_correct`` (temporal flag == gold) |
+| ``window_iou`` | r_win | ``scoring.window_iou`` at the data's granularity; non-temporal both sides -> 1, one side -> 0 |
+| ``evidence_coverage`` | r_evd | gold evidence in the top-k of the dual-channel retriever driven by the prediction |
+| ``answer_correct`` | r_out | a reader LLM answers from the retrieved evidence; token F1 against the gold answer |
+| ``answer_span`` | r_out proxy | fraction of gold-answer tokens present in the retrieved text (no LLM; a proxy) |
+| ``proximity`` | Memory-T1 R_s | smooth distance-to-gold, ``2 / (1 + exp(d / tau))`` (1 when touching) |
+
+Every reward is 0 for a malformed completion. The first configured reward also logs
+``parse/<reason>`` (fraction of the batch per failure reason) via ``log_metric`` and a
+``parse_failure`` column in the completions table via ``log_extra``, exactly once per batch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from tider.eval import scoring
+from tider.locator.parse import ParseFailure, ParseResult, parse_prediction
+from tider.types import GRANULARITY_UNIT, Dataset, Window, WindowPrediction
+from dateutil.parser import isoparse
+
+RewardFn = Callable[..., list[float]]
+_REGISTRY: dict[str, Callable] = {}
+
+
+def register_reward(name: str):
+    """Register ``fn(completions, *, ctx, parsed, **columns) -> list[float]`` under ``name``."""
+
+    def deco(fn):
+        if name in _REGISTRY:
+            raise ValueError(f"reward {name!r} is already registered (by {_REGISTRY[name].__qualname__})")
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def known_rewards() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+@dataclass
+class RewardContext:
+    """What the rewards need beyond the dataset columns TRL forwards.
+
+    ``dataset`` gives memory spans and the queries the retriever scores against; the
+    retrieval store and reader client are built lazily, once per process, on first use.
+    """
+
+    dataset: Optional[Dataset] = None
+    retrieval_config: Any = None
+    k: int = 20
+    proximity_tau_units: float = 7.0  # tau in granularity units (7 days for day-scale data)
+    reader: Any = None  # an LLMClient for answer_correct
+    check_memory_span: bool = True
+    _store: Any = field(default=None, repr=False)
+    _queries: dict = field(default_factory=dict, repr=False)
+    _coverage_cache: dict = field(default_factory=dict, repr=False)
+    _retrieved_cache: dict = field(default_factory=dict, repr=False)
+    _answer_cache: dict = field(default_factory=dict, repr=False)
+
+    def require_dataset(self, reward: str) -> Dataset:
+        if self.dataset is None:
+            raise ValueError(f"reward {reward!r} needs RewardContext(dataset=...)")
+        return self.dataset
+
+    def query(self, reward: str, query_key: str):
+        if not self._queries:
+            self._queries = {q.key: q for q in self.require_dataset(reward).queries}
+        if query_key not in self._queries:
+            raise KeyError(f"reward {reward!r}: query {query_key!r} is not in dataset {self.dataset.name!r}")
+        return self._queries[query_key]
+
+    def store(self, reward: str):
+        if self._store is None:
+            from tider.retrieval.config import RetrievalConfig
+            from tider.retrieval.store import RetrievalStore
+
+            self._store = RetrievalStore(self.require_dataset(reward), self.retrieval_config or RetrievalConfig())
+        return self._store
+
+    def retrieved(self, reward: str, query_key: str, prediction: WindowPrediction) -> list[int]:
+        key = (query_key, prediction)
+        if key not in self._retrieved_cache:
+            q = self.query(reward, query_key)
+            ids, _ = self.store(reward).retrieve(q.public(), prediction, self.k)
+            self._retrieved_cache[key] = list(ids)
+        return self._retrieved_cache[key]
+
+
+def completion_text(completion) -> str:
+    """TRL passes conversational completions as ``[{"role": "assistant", "content": ...}]``."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    return ""
+
+
+def _gold_windows(raw: Sequence) -> tuple[Window, ...]:
+    out = []
+    for w in raw or ():
+        start, end = (w["start"], w["end"]) if isinstance(w, dict) else (w[0], w[1])
+        out.append(Window(isoparse(start), isoparse(end)))
+    return tuple(out)
+
+
+def _column(kwargs: dict, name: str, n: int, default=None) -> list:
+    value = kwargs.get(name)
+    if value is None:
+        return [default] * n
+    return list(value)
+
+
+def _parse_all(completions, kwargs, ctx: RewardContext) -> list[ParseResult]:
+    n = len(completions)
+    grans = _column(kwargs, "granularity", n, (ctx.dataset.granularity if ctx.dataset else "day"))
+    memories = _column(kwargs, "memory_key", n)
+    results = []
+    for completion, gran, memory_key in zip(completions, grans, memories):
+        span = None
+        if ctx.check_memory_span and ctx.dataset is not None and memory_key in ctx.dataset.memories:
+            span = ctx.dataset.memories[memory_key].span
+        results.append(parse_prediction(completion_text(completion), granularity=gran, memory_span=span))
+    return results
+
+
+def _log_failures(parsed: list[ParseResult], log_metric, log_extra) -> None:
+    n = max(1, len(parsed))
+    if log_metric is not None:
+        for reason in ParseFailure:
+            log_metric(f"parse/{reason.value}", sum(p.failure == reason for p in parsed) / n)
+        log_metric("parse/failure_rate", sum(not p.ok for p in parsed) / n)
+    if log_extra is not None:
+        log_extra("parse_failure", [p.failure.value if p.failure else "" for p in parsed])
+
+
+@register_reward("format")
+def _format(completions, *, ctx, parsed, **kw) -> list[float]:
+    return [float(p.ok) for p in parsed]
+
+
+@register_reward("switch")
+def _switch(completions, *, ctx, parsed, gold_temporal, **kw) -> list[float]:
+    return [scoring.switch_correct(p.prediction.temporal, g) if p.ok else 0.0 for p, g in zip(parsed, gold_temporal)]
+
+
+@register_reward("window_iou")
+def _window_iou(completions, *, ctx, parsed, gold_windows, granularity=None, **kw) -> list[float]:
+    n = len(parsed)
+    grans = granularity or [ctx.dataset.granularity if ctx.dataset else "day"] * n
+    return [
+        scoring.window_iou(p.prediction.windows, _gold_windows(g), gran) if p.ok else 0.0
+        for p, g, gran in zip(parsed, gold_windows, grans)
+    ]
+
+
+def _gap_units(a: Window, b: Window, unit_seconds: float) -> float:
+    """Distance between two intervals in granularity units (0 when they touch or overlap)."""
+    gap = max((b.start - a.end).total_seconds(), (a.start - b.end).total_seconds(), 0.0)
+    return gap / unit_seconds
+
+
+def proximity_score(pred: Sequence[Window], gold: Sequence[Window], granularity: str, tau_units: float) -> float:
+    """Symmetric smooth closeness of two window sets: the mean, over gold windows, of
+    ``s(distance to the nearest predicted window)`` averaged with the same over predicted
+    windows, ``s(d) = 2 / (1 + exp(d / tau))``. s(0) = 1 and s decays smoothly, so a
+    window one day outside the gold scores just under one inside it (no edge jump)."""
+    if not pred and not gold:
+        return 1.0
+    if not pred or not gold:
+        return 0.0
+    unit = GRANULARITY_UNIT[granularity].total_seconds()
+
+    def s(d: float) -> float:
+        return 2.0 / (1.0 + math.exp(min(d / tau_units, 700.0)))
+
+    to_gold = sum(s(min(_gap_units(g, p, unit) for p in pred)) for g in gold) / len(gold)
+    to_pred = sum(s(min(_gap_units(p, g, unit) for g in gold)) for p in pred) / len(pred)
+    return 0.5 * (to_gold + to_pred)
+
+
+@register_reward("proximity")
+def _proximity(completions, *, ctx, parsed, gold_windows, granularity=None, **kw) -> list[float]:
+    n = len(parsed)
+    grans = granularity or [ctx.dataset.granularity if ctx.dataset else "day"] * n
+    return [
+        proximity_score(p.prediction.windows, _gold_windows(g), gran, ctx.proximity_tau_units) if p.ok else 0.0
+        for p, g, gran in zip(parsed, gold_windows, grans)
+    ]
+
+
+@register_reward("evidence_coverage")
+def _evidence_coverage(completions, *, ctx, parsed, query_key, evidence_ids, **kw) -> list[float]:
+    out = []
+    for p, qk, gold_ids in zip(parsed, query_key, evidence_ids):
+        if not p.ok or not gold_ids:
+            out.append(0.0)
+            continue
+        ids = ctx.retrieved("evidence_coverage", qk, p.prediction)
+        out.append(scoring.evidence_coverage(ids, gold_ids, ctx.k))
+    return out
+
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+_STOP = {"a", "an", "the", "and", "or", "of", "in", "on", "at", "to", "is", "was"}
+
+
+def _tokens(text: str) -> list[str]:
+    return [t for t in _TOKEN.findall(str(text).lower()) if t not in _STOP]
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    p, g = _tokens(prediction), _tokens(gold)
+    if not p or not g:
+        return float(p == g)
+    common = sum(min(p.count(t), g.count(t)) for t in set(p))
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+@register_reward("answer_span")
+def _answer_span(completions, *, ctx, parsed, query_key, answer, **kw) -> list[float]:
+    """Proxy for r_out without an LLM: share of gold-answer tokens found in the retrieved text."""
+    dataset = ctx.require_dataset("answer_span")
+    out = []
+    for p, qk, gold in zip(parsed, query_key, answer):
+        gold_tokens = set(_tokens(gold))
+        if not p.ok or not gold_tokens:
+            out.append(0.0)
+            continue
+        memory = dataset.memories[ctx.query("answer_span", qk).memory_key]
+        ids = ctx.retrieved("answer_span", qk, p.prediction)
+        seen = set(_tokens(" ".join(memory[i].text for i in ids[: ctx.k])))
+        out.append(len(gold_tokens & seen) / len(gold_tokens))
+    return out
+
+
+READER_SYSTEM = "Answer the question using only the memory excerpts. Reply with a short answer, no explanation."
+
+
+@register_reward("answer_correct")
+def _answer_correct(completions, *, ctx, parsed, query_key, answer, **kw) -> list[float]:
+    """r_out: a reader LLM answers from the retrieved evidence; token F1 vs the gold answer.
+    Memoized by (query, retrieved ids) since a group's completions often retrieve the same set."""
+    if ctx.reader is None:
+        raise ValueError("reward 'answer_correct' needs RewardContext(reader=LLMClient(...)); use 'answer_span' as the cheap proxy")
+    dataset = ctx.require_dataset("answer_correct")
+    out = []
+    for p, qk, gold in zip(parsed, query_key, answer):
+        if not p.ok or not gold:
+            out.append(0.0)
+            continue
+        q = ctx.query("answer_correct", qk)
+        ids = tuple(ctx.retrieved("answer_correct", qk, p.prediction)[: ctx.k])
+        if (qk, ids) not in ctx._answer_cache:
+            memory = dataset.memories[q.memory_key]
+            lines = [f"[{memory[i].timestamp:%Y-%m-%d %H:%M}] {memory[i].speaker}: {memory[i].text}" for i in sorted(ids)]
+            messages = [
+                {"role": "system", "content": READER_SYSTEM},
+                {"role": "user", "content": "Memory:\n" + "\n".join(lines) + f"\n\nQuestion: {q.text}\nAsked at: {q.asked_at:%Y-%m-%d}"},
+            ]
+            result = ctx.reader.chat(messages, stage="reward_reader")
+            ctx._answer_cache[(qk, ids)] = token_f1(result.text, gold) if result.ok else 0.0
+        out.append(ctx._answer_cache[(qk, ids)])
+    return out
+
+
+def make_rewards(names: Sequence[str], context: Optional[RewardContext] = None) -> list[RewardFn]:
+    """TRL-ready reward callables for ``names`` (in order), named after the registry names."""
+    context = context or RewardContext()
+    unknown = [n for n in names if n not in _REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown reward(s) {unknown}; known rewards: {known_rewards()}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"reward names repeat: {list(names)}")
+    return [_bind(name, context, log_failures=(i == 0)) for i, name in enumerate(names)]
+
+
+def _bind(name: str, ctx: RewardContext, log_failures: bool) -> RewardFn:
+    impl = _REGISTRY[name]
+
+    def reward(prompts=None, completions=None, completion_ids=None, log_metric=None, log_extra=None, **columns):
+        parsed = _parse_all(completions, columns, ctx)
+        if log_failures:
+            _log_failures(parsed, log_metric, log_extra)
+        columns.pop("trainer_state", None)
+        return impl(completions, ctx=ctx, parsed=parsed, **columns)
+
+    reward.__name__ = reward.__qualname__ = name
+    reward.__doc__ = impl.__doc__
+    return reward
