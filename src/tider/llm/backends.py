@@ -1,0 +1,191 @@
+"""Where completions come from: an OpenAI-compatible endpoint (vLLM, any hosted API) or
+local transformers generation. Backends raise on transport failure; the client owns
+retries, parsing, caching and accounting.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+Messages = Sequence[dict]
+
+STRUCTURED_MODES = ("response_format", "structured_outputs", "none")
+
+
+@dataclass
+class Completion:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class StructuredOutputRejected(RuntimeError):
+    """The server refused a structured-output request (we then retry as plain text)."""
+
+
+class OpenAIBackend:
+    """Chat completions against an OpenAI-compatible server.
+
+    Structured output (``structured``): ``response_format`` (OpenAI json_schema, also
+    understood by vLLM), ``structured_outputs`` (vLLM ``extra_body``; never the removed
+    ``guided_json``) or ``none``. If the server rejects it once, the backend switches to
+    plain generation for the rest of the run and the client parses the text.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str = "TIDER_API_KEY",
+        api_key: Optional[str] = None,
+        timeout: float = 120.0,
+        structured: str = "response_format",
+        chat_template_kwargs: Optional[dict] = None,
+    ):
+        if structured not in STRUCTURED_MODES:
+            raise ValueError(f"unknown structured-output mode {structured!r}; known: {', '.join(STRUCTURED_MODES)}")
+        from openai import OpenAI
+
+        key = api_key or os.environ.get(api_key_env) or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        self.base_url = base_url
+        self.model = model
+        self.structured = structured
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        # Our client does the retrying, so the SDK's own retries are off.
+        self._client = OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=0)
+        self.structured_supported = structured != "none"
+
+    def describe(self) -> dict:
+        return {"backend": "openai", "model": self.model, "chat_template_kwargs": self.chat_template_kwargs}
+
+    def generate(
+        self,
+        messages: Messages,
+        *,
+        max_tokens: int,
+        temperature: float,
+        seed: Optional[int] = None,
+        json_schema: Optional[dict] = None,
+        schema_name: str = "output",
+    ) -> Completion:
+        import openai
+
+        kwargs: dict = dict(model=self.model, messages=list(messages), max_tokens=max_tokens, temperature=temperature)
+        if seed is not None:
+            kwargs["seed"] = seed
+        extra_body: dict = {}
+        if self.chat_template_kwargs:
+            extra_body["chat_template_kwargs"] = self.chat_template_kwargs
+        use_schema = json_schema is not None and self.structured_supported
+        if use_schema and self.structured == "response_format":
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": schema_name, "schema": json_schema},
+            }
+        elif use_schema and self.structured == "structured_outputs":
+            extra_body["structured_outputs"] = {"json": json_schema}
+        if extra_body:
+            kwargs["extra_body"] = extra_body
+        try:
+            response = self._client.chat.completions.create(**kwargs)
+        except openai.BadRequestError as exc:
+            if not use_schema:
+                raise
+            # e.g. a hosted API without json_schema support: fall back to plain text.
+            self.structured_supported = False
+            raise StructuredOutputRejected(str(exc)[:300]) from exc
+        choice = response.choices[0] if response.choices else None
+        text = (choice.message.content or "") if choice is not None else ""
+        usage = response.usage
+        return Completion(
+            text=text,
+            prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+            completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
+        )
+
+
+class LocalHFBackend:
+    """transformers generation on a local checkpoint; greedy unless temperature > 0.
+
+    Structured output is not enforced here: the client parses and validates the text.
+    Generation is serialised by a lock (one model, one device), and batched through
+    :meth:`generate_batch` with left padding.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        device: str = "cpu",
+        dtype: str = "auto",
+        batch_size: int = 8,
+        chat_template_kwargs: Optional[dict] = None,
+    ):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model = str(model_path)
+        self.batch_size = batch_size
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        torch_dtype = getattr(torch, dtype) if dtype != "auto" else "auto"
+        self.hf_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device).eval()
+        self.device = device
+        self._lock = threading.Lock()
+
+    def describe(self) -> dict:
+        return {"backend": "local_hf", "model": self.model, "chat_template_kwargs": self.chat_template_kwargs}
+
+    def generate(self, messages: Messages, **kwargs) -> Completion:
+        return self.generate_batch([messages], **kwargs)[0]
+
+    def generate_batch(
+        self,
+        batch: Sequence[Messages],
+        *,
+        max_tokens: int,
+        temperature: float,
+        seed: Optional[int] = None,
+        json_schema: Optional[dict] = None,
+        schema_name: str = "output",
+    ) -> list[Completion]:
+        import torch
+
+        prompts = [
+            self.tokenizer.apply_chat_template(
+                list(m), tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+            )
+            for m in batch
+        ]
+        out: list[Completion] = []
+        with self._lock, torch.inference_mode():
+            for i in range(0, len(prompts), self.batch_size):
+                chunk = prompts[i : i + self.batch_size]
+                enc = self.tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+                if seed is not None:
+                    torch.manual_seed(seed)
+                sampling = dict(do_sample=True, temperature=temperature) if temperature > 0 else dict(do_sample=False)
+                generated = self.hf_model.generate(
+                    **enc, max_new_tokens=max_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling
+                )
+                new_tokens = generated[:, enc["input_ids"].shape[1] :]
+                for row, mask in zip(new_tokens, enc["attention_mask"]):
+                    ids = row.tolist()
+                    n_new = len(ids)
+                    if self.tokenizer.eos_token_id in ids:
+                        n_new = ids.index(self.tokenizer.eos_token_id) + 1
+                    out.append(
+                        Completion(
+                            text=self.tokenizer.decode(ids[:n_new], skip_special_tokens=True),
+                            prompt_tokens=int(mask.sum()),
+                            completion_tokens=n_new,
+                        )
+                    )
+        return out

