@@ -1,0 +1,170 @@
+"""Window sources: everything that turns a query into a ``WindowPrediction``.
+
+Interface (``WindowSource``): ``name``, ``predict(query, memory, timeline)``, optionally
+``predict_batch(queries, memories, timelines)``; a source receives ``query.public()``
+(no gold) at inference. Sources that need indexes (``dbscan-*``) take a
+``RetrievalStore`` as ``store=`` at construction.
+
+Registry: ``@register_source("name")`` on a class or factory; ``make_source(name, **kw)``
+builds one (unknown names fail with the list of known ones). Sources living in other
+packages are imported lazily on first use: add one line to ``LAZY_SOURCES``
+(name -> module that registers it), e.g. ``"locator": "tider.locator.policy"``, so
+``tider --help`` and this module never import torch/vLLM.
+
+Evaluation-only sources (``oracle``) carry ``evaluation_only = True``; anything that
+builds training data or prompts must call ``ensure_not_evaluation_only(source)``.
+The oracle reads gold only from the ``gold_by_key`` mapping given at construction,
+never from the query it is asked about.
+
+Built-in learning-free sources: ``none`` (semantic channel only), ``oracle`` (gold
+windows), ``timeline`` (top-m timeline entries by similarity become the windows),
+``dbscan-paper`` / ``dbscan-tuned`` (T-Mem, in ``tider.locator.dbscan``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+
+from tider.types import NON_TEMPORAL, Gold, Memory, Query, WindowPrediction
+
+
+@runtime_checkable
+class WindowSource(Protocol):
+    name: str
+
+    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction: ...
+
+
+class BaseSource:
+    """Convenience base: a ``predict_batch`` that loops, and the evaluation-only flag."""
+
+    name = "base"
+    evaluation_only = False
+
+    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
+        raise NotImplementedError
+
+    def predict_batch(self, queries: Sequence[Query], memories: Sequence[Memory], timelines: Sequence) -> list[WindowPrediction]:
+        return [self.predict(q, m, t) for q, m, t in zip(queries, memories, timelines)]
+
+
+_REGISTRY: dict[str, Callable[..., WindowSource]] = {}
+
+# name -> module that registers it when imported (kept lazy: heavy deps, other owners).
+LAZY_SOURCES: dict[str, str] = {
+    "dbscan-paper": "tider.locator.dbscan",
+    "dbscan-tuned": "tider.locator.dbscan",
+    "dbscan": "tider.locator.dbscan",
+    "locator": "tider.locator.policy",
+    "prompted": "tider.locator.prompted",
+}
+
+
+def register_source(name: str):
+    """Class/factory decorator adding ``name`` to the registry (duplicates are an error)."""
+
+    def wrap(factory):
+        if name in _REGISTRY:
+            raise ValueError(f"window source {name!r} is already registered by {_REGISTRY[name]!r}")
+        _REGISTRY[name] = factory
+        return factory
+
+    return wrap
+
+
+def known_sources() -> list[str]:
+    return sorted(set(_REGISTRY) | set(LAZY_SOURCES))
+
+
+def _factory(name: str) -> Callable[..., WindowSource]:
+    if name not in _REGISTRY and name in LAZY_SOURCES:
+        try:
+            importlib.import_module(LAZY_SOURCES[name])
+        except ModuleNotFoundError as err:
+            raise ValueError(f"window source {name!r} lives in {LAZY_SOURCES[name]}, which is not available: {err}") from err
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown window source {name!r}; known: {', '.join(known_sources())}")
+    return _REGISTRY[name]
+
+
+def make_source(name: str, **kwargs) -> WindowSource:
+    """Build the registered source ``name`` with ``kwargs`` (strict: bad kwargs raise)."""
+    return _factory(name)(**kwargs)
+
+
+def make_source_from_context(name: str, context: Mapping[str, object], **kwargs) -> WindowSource:
+    """Like ``make_source`` but also passes the entries of ``context`` (e.g. ``store``,
+    ``gold_by_key``) that the factory's signature names; used by the evaluation runner,
+    which does not know what each source needs."""
+    factory = _factory(name)
+    params = inspect.signature(factory).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    extra = {k: v for k, v in context.items() if takes_any or k in params}
+    return factory(**extra, **kwargs)
+
+
+def ensure_not_evaluation_only(source: object) -> None:
+    """Raise if ``source`` must never feed training data or prompts (e.g. the oracle)."""
+    if getattr(source, "evaluation_only", False):
+        raise ValueError(f"window source {getattr(source, 'name', source)!r} is evaluation-only (it reads gold labels); "
+                         "it cannot be used to build training examples or prompts")
+
+
+@register_source("none")
+class NoWindows(BaseSource):
+    """Semantic channel only: every query is treated as non-temporal."""
+
+    name = "none"
+
+    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
+        return NON_TEMPORAL
+
+
+def gold_predictions(queries: Iterable[Query]) -> dict[str, WindowPrediction]:
+    """``{query.key: gold WindowPrediction}`` from queries that still carry gold."""
+    out = {}
+    for q in queries:
+        g: Gold = q.gold
+        out[q.key] = WindowPrediction(temporal=bool(g.temporal and g.windows), windows=tuple(g.windows))
+    return out
+
+
+@register_source("oracle")
+class OracleWindows(BaseSource):
+    """Gold windows (the upper bound). Evaluation-only: gold comes from ``gold_by_key``."""
+
+    name = "oracle"
+    evaluation_only = True
+
+    def __init__(self, gold_by_key: Mapping[str, WindowPrediction]):
+        self.gold_by_key = dict(gold_by_key)
+
+    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
+        try:
+            return self.gold_by_key[query.key]
+        except KeyError:
+            raise KeyError(f"oracle has no gold windows for query {query.key!r}") from None
+
+
+@register_source("timeline")
+class TimelineWindows(BaseSource):
+    """Learning-free baseline on the locator's own input: the ``top_m`` timeline entries
+    most similar to the query become the windows (each widened by ``pad_days``)."""
+
+    name = "timeline"
+
+    def __init__(self, top_m: int = 2, pad_days: float = 0.0):
+        self.top_m = top_m
+        self.pad_days = pad_days
+
+    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
+        from datetime import timedelta
+
+        entries = timeline.top_k(query.text, self.top_m) if timeline is not None else []
+        if not entries:
+            return NON_TEMPORAL
+        pad = timedelta(days=self.pad_days)
+        windows = sorted({e.window.widen(pad) for e in entries})
+        return WindowPrediction(temporal=True, windows=tuple(windows))

@@ -1,0 +1,123 @@
+"""BM25 over metadata-expanded message text (T-Mem Sec. 4.2).
+
+Each message is indexed as its content plus the metadata it has (speaker/author,
+channel, phase, topic, role), so "what did Alice say in #design" can match on author
+and channel even when the content does not. Tokenisation is ours (lower-case words of
+2+ characters, English stop words removed) and shared by both backends, which is what
+makes them comparable:
+
+* ``bm25s`` (default): sparse, fast; ``method`` picks the BM25 variant.
+* ``rank_bm25``: ``BM25Okapi``, the parity reference. ``bm25s`` with
+  ``method="robertson"`` scores like ``BM25Okapi`` (tests check identical rankings).
+
+Saved without pickle: the bm25s arrays/JSON via ``BM25.save`` plus our tokenised corpus
+as JSON (rank-bm25 is rebuilt from it on load).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from tider.types import Message
+
+_TOKEN = re.compile(r"(?u)\b\w\w+\b")
+BACKENDS = ("bm25s", "rank_bm25")
+
+
+def _stopwords() -> frozenset[str]:
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return frozenset(STOPWORDS_EN)
+
+
+def tokenize(text: str, stopwords: frozenset[str] | None = None) -> list[str]:
+    stop = _stopwords() if stopwords is None else stopwords
+    return [t for t in _TOKEN.findall(text.lower()) if t not in stop]
+
+
+def expand_message(message: Message, fields: Iterable[str] = ("speaker", "channel", "phase", "topic", "role")) -> str:
+    """Content plus the metadata fields the message has."""
+    meta = [str(v) for f in fields if (v := getattr(message, f, None)) not in (None, "")]
+    return " ".join([message.text, *meta])
+
+
+class BM25Index:
+    """Full-score BM25 over a fixed corpus. ``scores(query)`` -> ``(n,)`` float32."""
+
+    def __init__(self, token_lists: Sequence[Sequence[str]], backend: str = "bm25s", method: str = "lucene"):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown BM25 backend {backend!r}; known: {BACKENDS}")
+        self.backend, self.method = backend, method
+        self.token_lists = [list(t) for t in token_lists]
+        self._stop = _stopwords()
+        self.n = len(self.token_lists)
+        if backend == "bm25s":
+            import bm25s
+
+            self._model = bm25s.BM25(method=method)
+            # bm25s rejects an all-empty corpus; a placeholder token keeps shapes right.
+            self._model.index([t or ["\x00"] for t in self.token_lists], show_progress=False)
+            self._vocab = self._model.vocab_dict
+        else:
+            from rank_bm25 import BM25Okapi
+
+            self._model = BM25Okapi([t or ["\x00"] for t in self.token_lists])
+
+    @classmethod
+    def from_texts(cls, texts: Sequence[str], backend: str = "bm25s", method: str = "lucene") -> "BM25Index":
+        stop = _stopwords()
+        return cls([tokenize(t, stop) for t in texts], backend=backend, method=method)
+
+    @classmethod
+    def from_messages(cls, messages: Sequence[Message], fields=("speaker", "channel", "phase", "topic", "role"),
+                      backend: str = "bm25s", method: str = "lucene") -> "BM25Index":
+        return cls.from_texts([expand_message(m, fields) for m in messages], backend=backend, method=method)
+
+    def scores(self, query: str | Sequence[str]) -> np.ndarray:
+        tokens = tokenize(query, self._stop) if isinstance(query, str) else list(query)
+        if self.backend == "bm25s":
+            tokens = [t for t in tokens if t in self._vocab]
+            if not tokens:
+                return np.zeros(self.n, dtype=np.float32)
+            return np.asarray(self._model.get_scores(tokens), dtype=np.float32)
+        if not tokens:
+            return np.zeros(self.n, dtype=np.float32)
+        return np.asarray(self._model.get_scores(tokens), dtype=np.float32)
+
+    def search(self, query: str | Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` ``(ids, scores)``, best first; ties broken by lower id."""
+        s = self.scores(query)
+        k = min(k, self.n)
+        top = np.argpartition(-s, k - 1)[:k] if 0 < k < self.n else np.arange(self.n)
+        top = top[np.lexsort((top, -s[top]))][:k]
+        return top, s[top]
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        meta = {"backend": self.backend, "method": self.method, "n": self.n}
+        (directory / "bm25_meta.json").write_text(json.dumps(meta))
+        (directory / "bm25_tokens.json").write_text(json.dumps(self.token_lists))
+        if self.backend == "bm25s":
+            self._model.save(str(directory / "bm25s"), allow_pickle=False, show_progress=False)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "BM25Index":
+        directory = Path(directory)
+        meta = json.loads((directory / "bm25_meta.json").read_text())
+        tokens = json.loads((directory / "bm25_tokens.json").read_text())
+        if meta["backend"] != "bm25s":
+            return cls(tokens, backend=meta["backend"], method=meta["method"])
+        import bm25s
+
+        index = cls.__new__(cls)
+        index.backend, index.method, index.token_lists, index.n = "bm25s", meta["method"], tokens, meta["n"]
+        index._stop = _stopwords()
+        index._model = bm25s.BM25.load(str(directory / "bm25s"), allow_pickle=False)
+        index._vocab = index._model.vocab_dict
+        return index

@@ -1,0 +1,102 @@
+"""Every retrieval parameter in one dataclass, with the paper defaults and their units.
+
+TIDER defaults (its Fig. 8 / Table 13): k=20, lambda_boost=0.3, gamma_min=0.3,
+rho=0.05 per day, tau_buf=14 days, timeline Delta_date=7 days, theta_sem=0.85, cap=40,
+K=30 timeline entries in the locator prompt. Durations are stored in *days* (floats),
+so hour-scale data just uses fractions (12 h == 0.5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from datetime import timedelta
+from typing import Literal
+
+SemanticMode = Literal["dense", "bm25", "hybrid"]
+SEMANTIC_MODES = ("dense", "bm25", "hybrid")
+
+
+def days(value: float) -> timedelta:
+    return timedelta(days=value)
+
+
+@dataclass
+class TimelineConfig:
+    """Event-cluster construction (TIDER Table 13).
+
+    A message joins the open cluster when it is within ``delta_date_days`` of the
+    cluster's last message, its cosine similarity to the cluster (``similarity``:
+    ``centroid`` = mean embedding, ``max`` = best member) reaches ``theta_sem``, and the
+    cluster holds fewer than ``cap`` members.
+
+    Default ``theta_sem=0.35`` with centroid similarity, not the paper's 0.85: measured on
+    LoCoMo dev with MiniLM, 0.85 yields one cluster per turn (~5.9k entries for 7
+    conversations, useless as a K=30 prompt); see README "Timeline" for the sweep.
+    """
+
+    delta_date_days: float = 7.0
+    theta_sem: float = 0.35
+    cap: int = 40
+    similarity: Literal["centroid", "max"] = "centroid"
+    summary_words: int = 24  # extractive summary length budget (keeps K=30 prompts short)
+    top_k: int = 30  # K: entries handed to the locator prompt
+
+
+@dataclass
+class DBSCANConfig:
+    """T-Mem Temporal Evidence Discovery (Sec. 4.2, App. C), durations in days.
+
+    Paper values (hour-scale): eps 12 h, minPts 2, delta 2 h, mu 0.25 anchors/h,
+    padding 12 h, seeds = BM25 top-36 with the asking user added to the query.
+    ``mu_per_day`` is anchors per day (0.25/h == 6/day). ``max_windows`` (None = keep all
+    clusters above mu, the paper's rule) keeps only the densest few; it is the knob the
+    tuned variant adds.
+    """
+
+    seeds: int = 36
+    eps_days: float = 0.5
+    min_pts: int = 2
+    delta_days: float = 2 / 24
+    mu_per_day: float = 6.0
+    pad_days: float = 0.5
+    max_windows: int | None = None
+
+
+@dataclass
+class RetrievalConfig:
+    """Dual-channel retrieval (see ``tider.retrieval.retriever`` for the formula)."""
+
+    k: int = 20
+    semantic: SemanticMode = "hybrid"
+    rrf_k: int = 60
+    lambda_boost: float = 0.3
+    gamma_min: float = 0.3
+    rho_per_day: float = 0.05
+    tau_buf_days: float = 14.0
+    temporal: bool = True  # False: every query takes the semantic-only path
+    # Indexes
+    embedding_model: str | None = None  # None: the offline all-MiniLM-L6-v2 package
+    embedding_cache_dir: str | None = None  # None: $TIDER_CACHE or .cache/tider/embeddings
+    faiss_index: Literal["flat", "hnsw", "ivf"] = "flat"
+    bm25_backend: Literal["bm25s", "rank_bm25"] = "bm25s"
+    bm25_method: str = "lucene"
+    metadata_fields: tuple[str, ...] = ("speaker", "channel", "phase", "topic", "role")
+    timeline: TimelineConfig = field(default_factory=TimelineConfig)
+
+    def __post_init__(self) -> None:
+        if self.semantic not in SEMANTIC_MODES:
+            raise ValueError(f"semantic mode {self.semantic!r} unknown; choose one of {SEMANTIC_MODES}")
+        if isinstance(self.timeline, dict):
+            self.timeline = TimelineConfig(**self.timeline)
+        self.metadata_fields = tuple(self.metadata_fields)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RetrievalConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown retrieval config keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**data)

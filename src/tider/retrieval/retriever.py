@@ -1,0 +1,66 @@
+"""The dual-channel retriever (TIDER Sec. 3).
+
+For a query q and a window prediction P:
+
+1. ``sim`` = per-message similarity in [0, 1] from the semantic mode (dense / bm25 /
+   hybrid RRF, k=60; formulas in ``tider.retrieval.channels``).
+2. Non-temporal P (``temporal=False`` or no windows), or ``config.temporal=False``:
+   return the semantic channel, the top-k of ``sim``, scored by ``sim``.
+3. Otherwise: semantic channel = top-k of ``sim`` over all messages; temporal channel =
+   top-k of ``sim`` among messages inside the windows widened by ``tau_buf``. Their union
+   is reranked by distance decay (``tider.retrieval.rerank``):
+       score(m) = sim(m) * max(gamma_min, exp(-rho * d(m))) + lambda_boost * [d(m) == 0]
+   with d(m) the distance in days to the nearest (unwidened) window, and the top-k returned.
+
+Results are ``(ids, scores)``, best first, ties broken by lower id (earlier message).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tider.retrieval import channels
+from tider.retrieval.config import RetrievalConfig
+from tider.retrieval.rerank import rerank_scores
+from tider.types import Memory, WindowPrediction
+
+
+class DualChannelRetriever:
+    """Ranks one memory's messages for a query. Holds no per-query state: callers cache
+    ``similarity`` (the expensive, window-independent part) and call ``rank`` per prediction."""
+
+    def __init__(self, memory: Memory, bm25, dense, config: RetrievalConfig, embedder=None):
+        self.memory, self.bm25, self.dense, self.config, self.embedder = memory, bm25, dense, config, embedder
+        self.ts_days = np.array([channels.to_days(t) for t in memory.timestamps], dtype=np.float64)
+
+    def similarity(self, text: str, vector: np.ndarray | None = None, mode: str | None = None) -> np.ndarray:
+        mode = mode or self.config.semantic
+        dense = bm25 = None
+        if mode in ("dense", "hybrid"):
+            if vector is None:
+                vector = self.embedder.encode([text])[0]
+            dense = self.dense.scores(vector)
+        if mode in ("bm25", "hybrid"):
+            bm25 = self.bm25.scores(text)
+        return channels.semantic_similarity(dense, bm25, mode, self.config.rrf_k)
+
+    def rank(self, sim: np.ndarray, prediction: WindowPrediction, k: int | None = None,
+             semantic_order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Dual-channel ranking for one prediction. ``semantic_order`` (ids sorted by
+        ``sim``, best first) may be passed in when cached, to skip the top-k selection."""
+        cfg = self.config
+        k = cfg.k if k is None else k
+        semantic = semantic_order[:k] if semantic_order is not None else channels.top_k(sim, k)
+        if not (cfg.temporal and prediction.temporal and prediction.windows):
+            return semantic, sim[semantic]
+        windows = channels.window_days(prediction.windows)
+        ranges = channels.id_ranges(self.ts_days, windows, cfg.tau_buf_days)
+        temporal = channels.top_k(sim, k, channels.ids_in_ranges(ranges))
+        candidates = np.union1d(semantic, temporal)
+        scores = rerank_scores(sim[candidates], self.ts_days[candidates], windows, cfg.lambda_boost, cfg.gamma_min,
+                               cfg.rho_per_day)
+        order = np.lexsort((candidates, -scores))[:k]
+        return candidates[order], scores[order].astype(np.float32)
+
+    def retrieve(self, text: str, prediction: WindowPrediction, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return self.rank(self.similarity(text), prediction, k)
