@@ -1,0 +1,353 @@
+"""The embedded synthetic benchmark: team chat over months, built to need a time locator.
+
+Each conversation (one ``Memory``) is a multi-party chat (4-6 people) over about six
+months (the span grows with the message count so the density stays the same), with
+
+- recurring events (offsite, team lunch, sprint demo, ...) whose instances on different
+  days use the *same* three message templates and differ only in one detail (venue,
+  dish, feature ...): semantically similar, temporally wrong distractors;
+- one-off milestones ("the reorg", "the office move") that anchor other questions;
+- state-evolution chains per project parameter: proposal -> revision (-> rollback),
+  tagged with ``phase`` and ``stage``;
+- personal facts that never change (the non-temporal questions);
+- filler chatter.
+
+Messages carry minute timestamps, ``channel`` and ``topic``; granularity is "day"
+because every temporal cue in the questions resolves to days (dates, months, "last
+week"), and the locator speaks ISO dates. Every question carries the cue that
+determines its gold window: an ISO date or a month name (``absolute``), a relative
+phrase resolved against ``asked_at`` (``relative``), a milestone (``anchored``), two or
+three ISO dates (``multi2``/``multi3``), "current" (``current_state``, the latest
+update of a chain); ``non_temporal`` questions ask about facts. Query.category is that
+type name. Only unambiguous questions are kept (e.g. "last week" only when exactly one
+instance of the event falls in that week). Relative questions are asked on the day the
+phrase needs (``asked_at`` mid-conversation); all others at the end of the conversation.
+
+Deterministic by seed: each conversation draws from its own ``random.Random``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from collections import Counter
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from typing import Optional
+
+from tider.data.gold import gold_windows
+from tider.types import Dataset, Gold, Memory, Message, Query
+
+DEFAULT_MESSAGES = 6400
+DEFAULT_CONVERSATIONS = 16
+BASE_DATE = date(2023, 1, 2)
+
+PEOPLE = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
+# event type -> (detail attribute, values, channel, instances per 180 days)
+EVENTS: dict[str, tuple[str, list[str], str, int]] = {
+    "offsite": ("venue", ["lisbon", "berlin", "oslo", "porto", "vienna", "prague", "madrid", "dublin"], "#events", 3),
+    "team lunch": ("dish", ["pizza", "sushi", "tacos", "ramen", "curry", "salad", "burgers", "pasta"], "#social", 10),
+    "sprint demo": ("feature", ["search", "login", "export", "billing", "chat", "upload", "alerts", "reports"], "#eng", 8),
+    "budget meeting": ("budget", ["10k", "12k", "15k", "18k", "20k", "25k", "30k", "40k"], "#planning", 6),
+    "customer call": ("customer", ["acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "wonka"], "#sales", 8),
+    "design review": ("color", ["red", "blue", "green", "orange", "purple", "teal", "gold", "gray"], "#design", 6),
+}
+MILESTONES = ["kickoff", "reorg", "office move", "security audit", "v2 launch", "hiring freeze", "rebrand", "merger"]
+PROJECTS = ["apollo", "borealis", "cobalt", "delta", "ember", "falcon"]
+PARAMS: dict[str, list[str]] = {
+    "database": ["postgres", "mysql", "sqlite", "mongo", "redis"],
+    "region": ["us east", "us west", "eu west", "asia south", "eu north"],
+    "owner": PEOPLE,
+    "deadline": ["march", "april", "may", "june", "july", "august"],
+}
+FACTS: dict[str, list[str]] = {
+    "favorite editor": ["vim", "emacs", "vscode", "nano", "helix"],
+    "home city": ["paris", "rome", "tokyo", "austin", "lagos", "lima"],
+    "pet": ["cat", "dog", "parrot", "turtle", "rabbit"],
+    "favorite drink": ["tea", "coffee", "cocoa", "juice", "water"],
+}
+FILLER = [
+    "good morning everyone", "coffee anyone?", "lgtm", "thanks {p}", "on it", "back from lunch",
+    "the wifi is slow again", "see you tomorrow", "nice work {p}", "can someone review my change?",
+    "running five minutes late", "who has the meeting room?", "ok sounds good", "brb",
+    "the build is green again", "i will take a look", "any news on the ticket?",
+]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
+          "October", "November", "December"]
+# query type -> sampling weight; the mix is reported by `tider data stats`.
+QUERY_MIX = {"absolute": 0.22, "relative": 0.2, "anchored": 0.12, "multi2": 0.1, "multi3": 0.08,
+             "current_state": 0.1, "non_temporal": 0.18}
+# relative phrase -> how many days/weeks/months back it points
+RELATIVE_DAYS = {"yesterday": 1, "two days ago": 2, "three days ago": 3}
+RELATIVE_WEEKS = {"last week": 1, "two weeks ago": 2}
+RELATIVE_MONTHS = {"last month": 1, "two months ago": 2}
+
+
+@dataclass
+class _Raw:
+    """A message before sorting: ``ref`` lets queries point at it before ids exist."""
+
+    ts: datetime
+    ref: int
+    text: str
+    speaker: str
+    channel: str
+    topic: Optional[str] = None
+    phase: Optional[str] = None
+    stage: Optional[int] = None
+
+
+@dataclass
+class _Instance:
+    event: str
+    day: date
+    value: str
+    evidence: int  # ref of the message that states the value
+
+
+def _month_start(d: date, back: int) -> date:
+    index = d.year * 12 + d.month - 1 - back
+    return date(index // 12, index % 12 + 1, 1)
+
+
+def _relative_period(asked: date, phrase: str) -> tuple[date, date]:
+    """The closed day range a relative phrase denotes when asked on ``asked``."""
+    if phrase in RELATIVE_DAYS:
+        day = asked - timedelta(days=RELATIVE_DAYS[phrase])
+        return day, day
+    if phrase in RELATIVE_WEEKS:  # calendar weeks, Monday to Sunday
+        monday = asked - timedelta(days=asked.weekday() + 7 * RELATIVE_WEEKS[phrase])
+        return monday, monday + timedelta(days=6)
+    start = _month_start(asked, RELATIVE_MONTHS[phrase])
+    return start, _month_start(asked, RELATIVE_MONTHS[phrase] - 1) - timedelta(days=1)
+
+
+class _Conversation:
+    """Generates one conversation and its queries from its own random stream."""
+
+    def __init__(self, key: str, n_messages: int, rng: random.Random, start: date):
+        self.key, self.rng, self.start = key, rng, start
+        scale = max(n_messages, 40) / 400
+        self.n_days = max(30, round(180 * scale))
+        self.people = rng.sample(PEOPLE, rng.randint(4, 6))
+        self.raw: list[_Raw] = []
+        self.instances: dict[str, list[_Instance]] = {}
+        self.milestones: dict[str, tuple[date, int]] = {}
+        self.chains: list[tuple[str, str, list[tuple[date, str, int]]]] = []
+        self.facts: list[tuple[str, str, str, int]] = []
+        self._events(scale)
+        self._milestones(scale)
+        self._chains(scale)
+        self._facts()
+        for _ in range(max(0, n_messages - len(self.raw))):
+            day = self._day()
+            self._say(day, time(rng.randint(8, 19), rng.randint(0, 59)), rng.choice(FILLER).format(p=rng.choice(self.people)),
+                      "#general", "chatter")
+        self.end = max(r.ts for r in self.raw).date()
+
+    def _day(self, lo: int = 0, hi: Optional[int] = None) -> date:
+        return self.start + timedelta(days=self.rng.randint(lo, (self.n_days - 1) if hi is None else hi))
+
+    def _say(self, day: date, at: time, text: str, channel: str, topic: Optional[str],
+             phase: Optional[str] = None, stage: Optional[int] = None, speaker: Optional[str] = None) -> int:
+        ref = len(self.raw)
+        self.raw.append(_Raw(datetime.combine(day, at), ref, text, speaker or self.rng.choice(self.people),
+                             channel, topic, phase, stage))
+        return ref
+
+    def _events(self, scale: float) -> None:
+        rng = self.rng
+        for event, (attr, values, channel, per_span) in EVENTS.items():
+            count = min(self.n_days, max(1, round(per_span * scale)))
+            days = sorted(self.start + timedelta(days=d) for d in rng.sample(range(self.n_days), count))
+            instances = []
+            for day in days:
+                value, hour, minute = rng.choice(values), rng.randint(9, 16), rng.randint(0, 40)
+                self._say(day, time(hour, minute), f"reminder: the {event} is today", channel, event, "announce")
+                ref = self._say(day, time(hour, minute + 5), f"we picked {value} as the {attr} at the {event}",
+                                channel, event, "report")
+                self._say(day, time(hour, minute + 9), f"thanks all, the {event} went well", channel, event, "wrapup")
+                instances.append(_Instance(event, day, value, ref))
+            self.instances[event] = instances
+
+    def _milestones(self, scale: float) -> None:
+        count = min(len(MILESTONES), max(1, round(4 * scale)))
+        for name in self.rng.sample(MILESTONES, count):
+            day = self._day(self.n_days // 10, self.n_days - 1)
+            ref = self._say(day, time(11, self.rng.randint(0, 50)), f"big news: the {name} happened today", "#general", name, "milestone")
+            self._say(day, time(12, self.rng.randint(0, 50)), f"the {name} is done, great work everyone", "#general", name, "milestone")
+            self.milestones[name] = (day, ref)
+
+    def _chains(self, scale: float) -> None:
+        pairs = [(p, q) for p in PROJECTS for q in PARAMS]
+        rng = self.rng
+        for project, param in rng.sample(pairs, min(len(pairs), max(1, round(6 * scale)))):
+            first, second = rng.sample(PARAMS[param], 2)
+            day0 = self._day(0, max(0, self.n_days - 40))
+            steps = [(day0, "proposal", f"proposal: set the {param} of project {project} to {first}", first)]
+            day1 = day0 + timedelta(days=rng.randint(5, 18))
+            steps.append((day1, "revision", f"revision: change the {param} of project {project} to {second}", second))
+            if rng.random() < 0.5:
+                day2 = day1 + timedelta(days=rng.randint(5, 18))
+                steps.append((day2, "rollback", f"rollback: revert the {param} of project {project} to {first}", first))
+            chain = []
+            for stage, (day, phase, text, value) in enumerate(steps):
+                ref = self._say(day, time(rng.randint(9, 17), rng.randint(0, 59)), text, "#projects", project, phase, stage)
+                chain.append((day, value, ref))
+            self.chains.append((project, param, chain))
+
+    def _facts(self) -> None:
+        for person in self.people:
+            for fact in self.rng.sample(sorted(FACTS), 2):
+                value = self.rng.choice(FACTS[fact])
+                ref = self._say(self._day(), time(self.rng.randint(8, 19), self.rng.randint(0, 59)),
+                                f"fyi my {fact} is {value}", "#general", "about me", speaker=person)
+                self.facts.append((person, fact, value, ref))
+
+    # -- queries: each builder returns (text, answer, evidence refs, asked_at day) or None.
+
+    def _pick_event(self) -> tuple[str, list[_Instance]]:
+        event = self.rng.choice(sorted(self.instances))
+        return event, self.instances[event]
+
+    def q_absolute(self):
+        event, instances = self._pick_event()
+        inst = self.rng.choice(instances)
+        attr = EVENTS[event][0]
+        if self.rng.random() < 0.5:
+            return f"Which {attr} did we pick at the {event} on {inst.day.isoformat()}?", inst.value, [inst.evidence], None
+        same_month = [i for i in instances if (i.day.year, i.day.month) == (inst.day.year, inst.day.month)]
+        if len(same_month) != 1:
+            return None
+        cue = f"{MONTHS[inst.day.month - 1]} {inst.day.year}"
+        return f"Which {attr} did we pick at the {event} in {cue}?", inst.value, [inst.evidence], None
+
+    def q_relative(self):
+        event, instances = self._pick_event()
+        inst, rng = self.rng.choice(instances), self.rng
+        phrase = rng.choice(sorted([*RELATIVE_DAYS, *RELATIVE_WEEKS, *RELATIVE_MONTHS]))
+        if phrase in RELATIVE_DAYS:
+            asked = inst.day + timedelta(days=RELATIVE_DAYS[phrase])
+        elif phrase in RELATIVE_WEEKS:
+            asked = inst.day - timedelta(days=inst.day.weekday()) + timedelta(days=7 * RELATIVE_WEEKS[phrase] + rng.randint(0, 6))
+        else:
+            first = _month_start(inst.day, -RELATIVE_MONTHS[phrase])
+            asked = first + timedelta(days=rng.randint(0, 27))
+        lo, hi = _relative_period(asked, phrase)
+        days = [i.day for i in instances]
+        if not (lo <= inst.day <= hi) or bisect.bisect_right(days, hi) - bisect.bisect_left(days, lo) != 1:
+            return None
+        return f"Which {EVENTS[event][0]} did we pick at the {event} {phrase}?", inst.value, [inst.evidence], asked
+
+    def q_anchored(self):
+        event, instances = self._pick_event()
+        name = self.rng.choice(sorted(self.milestones))
+        anchor = self.milestones[name][0]
+        if self.rng.random() < 0.5:
+            after = [i for i in instances if i.day > anchor]
+            inst, how = (after[0] if after else None), f"the first {event} after the {name}"
+        else:
+            before = [i for i in instances if i.day < anchor]
+            inst, how = (before[-1] if before else None), f"the last {event} before the {name}"
+        if inst is None:
+            return None
+        return f"Which {EVENTS[event][0]} did we pick at {how}?", inst.value, [inst.evidence], None
+
+    def _q_multi(self, n: int):
+        event, instances = self._pick_event()
+        if len(instances) < n:
+            return None
+        chosen = sorted(self.rng.sample(instances, n), key=lambda i: i.day)
+        # Separate windows only: neighbours must be further apart than the merge gap.
+        if any((b.day - a.day).days < 3 for a, b in zip(chosen, chosen[1:])):
+            return None
+        dates = [i.day.isoformat() for i in chosen]
+        cue = f"on {dates[0]} and on {dates[1]}" if n == 2 else f"on {dates[0]}, on {dates[1]} and on {dates[2]}"
+        answer = "; ".join(i.value for i in chosen)
+        return f"Which {EVENTS[event][0]}s did we pick at the {event} {cue}?", answer, [i.evidence for i in chosen], None
+
+    def q_multi2(self):
+        return self._q_multi(2)
+
+    def q_multi3(self):
+        return self._q_multi(3)
+
+    def q_current_state(self):
+        if not self.chains:
+            return None
+        project, param, chain = self.rng.choice(self.chains)
+        _, value, ref = chain[-1]
+        return f"What is the current {param} of project {project}?", value, [ref], None
+
+    def q_non_temporal(self):
+        person, fact, value, ref = self.rng.choice(self.facts)
+        return f"What is {person}'s {fact}?", value, [ref], None
+
+
+def generate(n_messages: int = DEFAULT_MESSAGES, seed: int = 0, n_conversations: int = DEFAULT_CONVERSATIONS) -> Dataset:
+    """A synthetic dataset of about ``n_messages`` messages in ``n_conversations`` memories.
+
+    Deterministic by ``seed``. About one query per five messages.
+    """
+    if n_conversations < 1 or n_messages < n_conversations:
+        raise ValueError(f"need n_conversations >= 1 and n_messages >= n_conversations, got {n_messages}, {n_conversations}")
+    memories: dict[str, Memory] = {}
+    queries: list[Query] = []
+    types, weights = list(QUERY_MIX), list(QUERY_MIX.values())
+    for c in range(n_conversations):
+        rng = random.Random(f"tider-synth:{seed}:{c}")
+        key = f"synth-{c:03d}"
+        n_conv = n_messages // n_conversations + (c < n_messages % n_conversations)
+        conv = _Conversation(key, n_conv, rng, BASE_DATE + timedelta(days=rng.randint(0, 365)))
+        order = sorted(conv.raw, key=lambda r: (r.ts, r.ref))
+        id_of_ref = {r.ref: i for i, r in enumerate(order)}
+        messages = [
+            Message(i, f"{key}:{i:05d}", r.text, r.ts, r.speaker, r.ts.date().isoformat(), r.channel, r.topic, r.phase, r.stage)
+            for i, r in enumerate(order)
+        ]
+        memory = memories[key] = Memory(key, messages, "day")
+        default_asked = datetime.combine(conv.end + timedelta(days=1), time(9, 0))
+        seen: set[tuple[str, datetime]] = set()
+        for _ in range(max(1, round(n_conv / 5))):
+            kind = rng.choices(types, weights)[0]
+            for _attempt in range(20):
+                built = getattr(conv, f"q_{kind}")()
+                if built is None:
+                    continue
+                text, answer, refs, asked_day = built
+                asked = default_asked if asked_day is None else datetime.combine(asked_day, time(18, rng.randint(0, 59)))
+                if (text, asked) in seen:
+                    continue
+                seen.add((text, asked))
+                ids = tuple(sorted(id_of_ref[r] for r in refs))
+                temporal, windows = gold_windows((memory[i].timestamp for i in ids), "day", non_temporal=kind == "non_temporal")
+                gold = Gold(answer=answer, evidence_ids=ids, windows=windows, temporal=temporal)
+                queries.append(Query(f"{key}:q{len(seen) - 1:04d}", key, text, asked, rng.choice(conv.people), kind, gold))
+                break
+    stats = {"seed": seed, "query_types": dict(sorted(Counter(q.category for q in queries).items())),
+             "unresolved_evidence": 0}
+    return Dataset("synthetic", "day", memories, queries, stats)
+
+
+def default_dataset(seed: int = 0) -> Dataset:
+    """The embedded default: 16 conversations x 400 messages (~80 queries each)."""
+    return generate(DEFAULT_MESSAGES, seed=seed, n_conversations=DEFAULT_CONVERSATIONS)
+
+
+def write(dataset: Dataset, out_dir: str):
+    """Write ``dataset`` in the generic JSONL format (``tider.data.jsonl``)."""
+    from tider.data.jsonl import write_jsonl
+
+    return write_jsonl(dataset, out_dir)
+
+
+def load_synthetic(path: Optional[str] = None, seed: int = 0, **options) -> Dataset:
+    """``load_dataset("synthetic", path)``: a directory written by ``tider data synth``,
+    or the embedded default (generated in memory) when ``path`` is None."""
+    if path is None:
+        return default_dataset(seed=seed)
+    from tider.data.jsonl import load_jsonl
+
+    dataset = load_jsonl(path, **options)
+    dataset.stats["query_types"] = dict(sorted(Counter(q.category for q in dataset.queries).items()))
+    return dataset
