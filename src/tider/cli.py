@@ -14,6 +14,7 @@ import sys
 # Order here is the order in `tider --help`.
 COMMAND_MODULES = [
     "tider.commands.data",
+    "tider.commands.train",
 ]
 
 
