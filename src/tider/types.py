@@ -145,6 +145,8 @@ class Gold:
     windows: tuple[Window, ...] = ()
     temporal: bool = False
     unresolved_evidence: tuple[str, ...] = ()  # raw evidence refs that matched no message
+    # LoCoMo category 5: the tempting wrong answer (a reader that says it is wrong).
+    adversarial_answer: Optional[str] = None
 
 
 @dataclass(frozen=True)
