@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES = [
     "tider.commands.data",
     "tider.commands.train",
+    "tider.commands.eval",
 ]
 
 

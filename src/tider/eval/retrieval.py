@@ -1,0 +1,112 @@
+"""``tider eval retrieval``: every window source through the same dual-channel retriever.
+
+One stage per method (``retrieve-<method>``), records keyed by the query key, so a
+killed run resumes where it stopped. A method is a registered window source name,
+optionally with a semantic-mode override: ``none@bm25`` = no windows, BM25 channel.
+
+Evaluated queries: those with resolvable gold evidence (at least one evidence id, and
+no unresolved reference), minus excluded categories (LoCoMo ``adversarial`` / ``5`` by
+default; their defining property is that no evidence answers them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from tider.eval.metrics import query_metrics
+from tider.eval.report import build_report, write_report
+from tider.eval.runner import Stage, StageRunner, file_hash
+from tider.eval.scoring import switch_correct, window_iou
+from tider.retrieval.config import SEMANTIC_MODES, RetrievalConfig
+from tider.types import Dataset, Query, window_bucket
+
+DEFAULT_EXCLUDE = ("5", "adversarial")
+
+
+@dataclass
+class RetrievalEvalConfig:
+    methods: Sequence[str] = ("none", "dbscan-paper", "dbscan-tuned", "timeline", "oracle")
+    ks: Sequence[int] = (5, 10, 20, 50)
+    exclude_categories: Sequence[str] = DEFAULT_EXCLUDE
+    memory_keys: Sequence[str] | None = None  # restrict to these memories (splits, test slices)
+    limit: int | None = None  # first N eligible queries (smoke runs)
+    mcnemar_k: int = 20
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+
+
+def eligible_queries(dataset: Dataset, exclude: Sequence[str] = DEFAULT_EXCLUDE, memory_keys=None,
+                     limit: int | None = None) -> list[Query]:
+    keep = set(memory_keys) if memory_keys is not None else None
+    out = [q for q in dataset.queries
+           if q.gold.evidence_ids and not q.gold.unresolved_evidence and str(q.category) not in set(map(str, exclude))
+           and (keep is None or q.memory_key in keep)]
+    return out[:limit] if limit is not None else out
+
+
+def parse_method(spec: str) -> tuple[str, str | None]:
+    name, _, mode = spec.partition("@")
+    if mode and mode not in SEMANTIC_MODES:
+        raise ValueError(f"method {spec!r}: semantic mode {mode!r} unknown; choose from {SEMANTIC_MODES}")
+    return name, mode or None
+
+
+def make_stage(method: str, store, context: dict, ks: Sequence[int], granularity: str) -> Stage:
+    from tider.locator.sources import make_source_from_context
+
+    name, mode = parse_method(method)
+    source = make_source_from_context(name, context)
+    depth = max(ks)
+
+    def run(query: Query) -> dict:
+        memory = store.memory(query.memory_key)
+        pred = source.predict(query.public(), memory, store.timeline(query.memory_key))
+        ids, _ = store.retrieve(query, pred, depth, mode=mode)
+        gold = query.gold
+        record = {
+            "category": str(query.category), "bucket": window_bucket(len(gold.windows)),
+            "gold_temporal": bool(gold.temporal), "pred_temporal": bool(pred.temporal),
+            "n_windows": len(pred.windows) if pred.temporal else 0, "prediction": pred.to_json(granularity),
+            "iou": window_iou(pred.windows if pred.temporal else (), gold.windows, granularity),
+            "switch": switch_correct(pred.temporal, gold.temporal), "ids": ids.tolist(),
+        }
+        record.update(query_metrics(ids.tolist(), gold.evidence_ids, ks))
+        return record
+
+    return Stage(f"retrieve-{method}", run)
+
+
+def run_retrieval_eval(dataset: Dataset, config: RetrievalEvalConfig, out_dir: str | Path, data_path: str | None = None,
+                       overwrite: bool = False, progress: bool = True) -> dict:
+    from tider.locator.sources import gold_predictions
+    from tider.retrieval.store import RetrievalStore
+
+    queries = eligible_queries(dataset, config.exclude_categories, config.memory_keys, config.limit)
+    if not queries:
+        raise ValueError(f"dataset {dataset.name!r}: no queries left to evaluate after filtering")
+    manifest = {
+        "command": "eval retrieval", "dataset": dataset.name, "data_path": data_path, "data_hash": file_hash(data_path),
+        "n_queries": len(queries),
+        "config": {"methods": list(config.methods), "ks": list(config.ks), "exclude": list(config.exclude_categories),
+                   "memory_keys": config.memory_keys and list(config.memory_keys), "limit": config.limit,
+                   "retrieval": config.retrieval.to_json()},
+    }
+    runner = StageRunner(out_dir, manifest, overwrite=overwrite)
+    store = RetrievalStore(dataset, config.retrieval)
+    store.prepare(queries)
+    context = {"store": store, "gold_by_key": gold_predictions(queries)}
+    records = {}
+    for method in config.methods:
+        stage = make_stage(method, store, context, config.ks, dataset.granularity)
+        records[method] = runner.run(stage, queries, key=lambda q: q.key, progress=progress)
+        failed = runner.errors(stage.name)
+        if failed:
+            first = next(iter(failed.items()))
+            raise RuntimeError(f"{stage.name}: {len(failed)} queries failed (e.g. {first[0]}: {first[1]}); "
+                               f"rerun to retry them, see {runner.stage_path(stage.name)}")
+    report = build_report(records, config.ks, config.mcnemar_k)
+    report["n_queries"] = len(queries)
+    report["dataset"] = dataset.name
+    write_report(report, out_dir)
+    return report

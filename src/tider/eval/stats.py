@@ -1,0 +1,28 @@
+"""Paired significance: exact McNemar test (TIDER Table 15 style: b, c, p)."""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Mapping, Sequence
+
+
+def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict:
+    """Exact two-sided McNemar on paired binary outcomes.
+
+    ``b``: pairs where the first system succeeds and the second fails; ``c``: the reverse.
+    p = two-sided binomial test of b successes in b + c trials at 0.5 (1.0 when b + c = 0).
+    """
+    from scipy.stats import binomtest
+
+    if len(a) != len(b):
+        raise ValueError(f"paired outcomes differ in length: {len(a)} vs {len(b)}")
+    n01 = sum(1 for x, y in zip(a, b) if x and not y)
+    n10 = sum(1 for x, y in zip(a, b) if y and not x)
+    p = binomtest(n01, n01 + n10, 0.5).pvalue if n01 + n10 else 1.0
+    return {"b": n01, "c": n10, "p": float(p), "n": len(a)}
+
+
+def pairwise_mcnemar(outcomes: Mapping[str, Sequence[bool]]) -> dict[str, dict]:
+    """McNemar for every pair of systems; keys ``"A vs B"``. Outcome lists must be aligned."""
+    return {f"{x} vs {y}": {"a": x, "b_system": y, **mcnemar_exact(outcomes[x], outcomes[y])}
+            for x, y in combinations(list(outcomes), 2)}
