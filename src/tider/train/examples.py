@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from tider.locator.prompt import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_TOP_K, build_messages
 from tider.types import Dataset, Query, WindowPrediction, format_time
@@ -70,39 +70,28 @@ def gold_completion(query: Query, granularity) -> str:
 
 
 class PromptBuilder:
-    """Builds locator prompts for a dataset: one timeline per memory (built once), top-K
-    entries per query, token-budget truncation with the policy's tokenizer."""
+    """Builds locator prompts for a dataset: the memory's timeline (from the retrieval
+    store, so prompts and retrieval rewards see the same clusters), top-K entries per
+    query, token-budget truncation with the policy's tokenizer."""
 
     def __init__(
         self,
         dataset: Dataset,
+        timeline_for: Callable[[str], object],
         *,
         tokenizer=None,
         top_k: int = DEFAULT_TOP_K,
         max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
-        timeline_factory=None,
     ):
         self.dataset = dataset
+        self.timeline_for = timeline_for  # memory key -> Timeline, e.g. RetrievalStore.timeline
         self.tokenizer = tokenizer
         self.top_k = top_k
         self.max_prompt_tokens = max_prompt_tokens
-        self._timeline_factory = timeline_factory
-        self._timelines: dict[str, object] = {}
-
-    def timeline(self, memory_key: str):
-        if memory_key not in self._timelines:
-            memory = self.dataset.memories[memory_key]
-            if self._timeline_factory is not None:
-                self._timelines[memory_key] = self._timeline_factory(memory)
-            else:
-                from tider.retrieval.timeline import build_timeline
-
-                self._timelines[memory_key] = build_timeline(memory)
-        return self._timelines[memory_key]
 
     def messages(self, query: Query) -> list[dict]:
         public = query.public()
-        entries = self.timeline(query.memory_key).top_k(public.text, self.top_k)
+        entries = self.timeline_for(query.memory_key).top_k(public.text, self.top_k)
         return build_messages(
             public,
             entries,
@@ -148,15 +137,6 @@ def grpo_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]
             }
         )
     return records
-
-
-def refuse_evaluation_only(source) -> None:
-    """Training data must never come from a window source that reads gold (the oracle)."""
-    if getattr(source, "evaluation_only", False):
-        raise ValueError(
-            f"window source {getattr(source, 'name', type(source).__name__)!r} is evaluation-only "
-            "(it reads gold labels) and cannot feed prompts or training examples"
-        )
 
 
 def corpus_texts(dataset: Dataset, records: Optional[Sequence[dict]] = None) -> list[str]:

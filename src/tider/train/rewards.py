@@ -66,7 +66,7 @@ class RewardContext:
     proximity_tau_units: float = 7.0  # tau in granularity units (7 days for day-scale data)
     reader: Any = None  # an LLMClient for answer_correct
     check_memory_span: bool = True
-    _store: Any = field(default=None, repr=False)
+    store: Any = None  # a RetrievalStore; built from dataset + retrieval_config on first use if None
     _queries: dict = field(default_factory=dict, repr=False)
     _coverage_cache: dict = field(default_factory=dict, repr=False)
     _retrieved_cache: dict = field(default_factory=dict, repr=False)
@@ -84,19 +84,20 @@ class RewardContext:
             raise KeyError(f"reward {reward!r}: query {query_key!r} is not in dataset {self.dataset.name!r}")
         return self._queries[query_key]
 
-    def store(self, reward: str):
-        if self._store is None:
+    def get_store(self, reward: str):
+        if self.store is None:
             from tider.retrieval.config import RetrievalConfig
             from tider.retrieval.store import RetrievalStore
 
-            self._store = RetrievalStore(self.require_dataset(reward), self.retrieval_config or RetrievalConfig())
-        return self._store
+            self.store = RetrievalStore(self.require_dataset(reward), self.retrieval_config or RetrievalConfig())
+        return self.store
 
     def retrieved(self, reward: str, query_key: str, prediction: WindowPrediction) -> list[int]:
         key = (query_key, prediction)
         if key not in self._retrieved_cache:
             q = self.query(reward, query_key)
-            ids, _ = self.store(reward).retrieve(q.public(), prediction, self.k)
+            ids, _ = self.get_store(reward).retrieve(q.public(), prediction, self.k)
+            ids = ids.tolist() if hasattr(ids, "tolist") else ids
             self._retrieved_cache[key] = list(ids)
         return self._retrieved_cache[key]
 

@@ -1,0 +1,33 @@
+"""`tider sft --config RECIPE` and `tider grpo --config RECIPE`: train the locator.
+
+Everything after the recipe goes to TRL's ``TrlParser`` (e.g. ``--max_steps 5
+--output_dir runs/x``), so any SFTConfig/GRPOConfig/ModelConfig field can be overridden.
+"""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    for stage, helptext in (("sft", "supervised warm-up of the locator (TRL SFTTrainer)"),
+                            ("grpo", "GRPO of the locator with composite rewards (TRL GRPOTrainer)")):
+        p = subparsers.add_parser(stage, help=helptext, description=helptext + ". Extra arguments go to TrlParser.")
+        p.add_argument("--config", required=True, help=f"YAML recipe, e.g. configs/{stage}/tiny-cpu.yaml")
+        p.set_defaults(func=_run, stage=stage, passthrough=True)
+
+
+def _run(args) -> int:
+    import logging
+
+    from tider.train.config import parse_recipe
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    script_args, training_args, model_args = parse_recipe(args.stage, ["--config", args.config, *args.extra])
+    if args.stage == "sft":
+        from tider.train.sft import run_sft
+
+        run_sft(script_args, training_args, model_args)
+    else:
+        from tider.train.grpo import run_grpo
+
+        run_grpo(script_args, training_args, model_args)
+    return 0

@@ -1,0 +1,81 @@
+"""Script arguments for ``tider sft`` / ``tider grpo``, parsed with TRL's ``TrlParser``
+next to TRL's own ``SFTConfig``/``GRPOConfig`` and ``ModelConfig`` (the open-r1 pattern).
+
+A recipe YAML sets fields of any of the three dataclasses; a key none of them knows is an
+error (``TrlParser.parse_args_and_config(fail_with_unknown_args=True)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+
+@dataclass
+class LocatorScriptArguments:
+    """Data and model-building options shared by both stages."""
+
+    dataset_name: str = field(default="synthetic", metadata={"help": "tider.data loader name (synthetic, locomo, ...)."})
+    dataset_path: Optional[str] = field(default=None, metadata={"help": "Path for file-backed loaders (LoCoMo JSON)."})
+    dataset_seed: int = field(default=0, metadata={"help": "Seed of the synthetic benchmark generator."})
+    synthetic_messages: Optional[int] = field(default=None, metadata={"help": "Generate a synthetic benchmark of this many messages instead of the default."})
+    synthetic_conversations: int = field(default=16, metadata={"help": "Conversations in a generated synthetic benchmark."})
+    split_seed: int = field(default=0, metadata={"help": "Seed of the by-conversation train/validation/test split."})
+    timeline_top_k: int = field(default=30, metadata={"help": "K timeline entries in the locator prompt (TIDER: 30)."})
+    max_prompt_tokens: int = field(default=2048, metadata={"help": "Prompt token budget; lowest-ranked timeline entries are dropped to fit."})
+    max_train_samples: Optional[int] = field(default=None, metadata={"help": "Cap on training prompts (after DAR for GRPO)."})
+    max_eval_samples: Optional[int] = field(default=None, metadata={"help": "Cap on validation prompts."})
+    tiny_model: bool = field(
+        default=False,
+        metadata={"help": "Build a tiny random Qwen3 (tider.train.tiny) at model_name_or_path if it does not exist yet."},
+    )
+    tiny_hidden_size: int = 256
+    tiny_num_layers: int = 4
+    tiny_num_heads: int = 4
+    tiny_vocab_size: int = 2048
+    tiny_date_tokens: bool = field(default=True, metadata={"help": "Whole-date tokens for the data's date range."})
+    wandb_project: str = field(default="tider", metadata={"help": "wandb project (offline unless WANDB_API_KEY is set)."})
+
+
+@dataclass
+class GRPOScriptArguments(LocatorScriptArguments):
+    """GRPO-only options: rewards, DAR, and what the retrieval-based rewards use."""
+
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["format", "switch", "window_iou", "evidence_coverage"],
+        metadata={"help": "Reward names from tider.train.rewards; weights go in reward_weights (GRPOConfig)."},
+    )
+    dar: bool = field(default=True, metadata={"help": "Difficulty-aware resampling by gold-window count (TIDER Table 8)."})
+    dar_factor_0: float = 10.0
+    dar_factor_1: float = 1.0
+    dar_factor_2: float = 1.0
+    dar_factor_3plus: float = 4.0
+    retrieval_k: int = field(default=20, metadata={"help": "k for evidence_coverage / answer rewards (TIDER: 20)."})
+    proximity_tau: float = field(default=7.0, metadata={"help": "proximity reward scale, in granularity units."})
+    reader_model: Optional[str] = field(default=None, metadata={"help": "Reader model for answer_correct (OpenAI-compatible)."})
+    reader_base_url: Optional[str] = field(default=None, metadata={"help": "Reader endpoint for answer_correct."})
+
+    @property
+    def dar_factors(self) -> dict[str, float]:
+        return {"0": self.dar_factor_0, "1": self.dar_factor_1, "2": self.dar_factor_2, ">=3": self.dar_factor_3plus}
+
+
+def sft_parser():
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    return TrlParser((LocatorScriptArguments, SFTConfig, ModelConfig))
+
+
+def grpo_parser():
+    from trl import GRPOConfig, ModelConfig, TrlParser
+
+    return TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig))
+
+
+def parse_recipe(stage: str, argv: Sequence[str]):
+    """``(script_args, training_args, model_args)`` for ``stage`` ("sft" or "grpo");
+    ``argv`` is ``["--config", path, *overrides]``. Unknown keys raise ``ValueError``."""
+    parsers = {"sft": sft_parser, "grpo": grpo_parser}
+    if stage not in parsers:
+        raise ValueError(f"unknown training stage {stage!r}; known stages: {sorted(parsers)}")
+    return parsers[stage]().parse_args_and_config(list(argv), fail_with_unknown_args=True)

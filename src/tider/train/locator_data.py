@@ -1,0 +1,139 @@
+"""Data and model plumbing shared by ``tider sft`` and ``tider grpo``: load the benchmark,
+split it by conversation, build the tiny model when a recipe asks for one, and turn the
+splits into TRL records with prompts truncated by the policy's own tokenizer.
+
+The run's prompt settings are written next to the checkpoint (``tider_locator.json``) so
+the ``locator`` window source, export and serving rebuild exactly the training prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Optional
+
+from tider.locator.prompt import PROMPT_VERSION
+from tider.train.examples import PromptBuilder, corpus_texts, grpo_records, sft_records, split_queries
+from tider.types import Dataset
+
+logger = logging.getLogger(__name__)
+LOCATOR_META = "tider_locator.json"
+
+
+def setup_wandb_env(project: str) -> None:
+    """wandb stays offline unless the user has a key (tests disable it altogether)."""
+    os.environ.setdefault("WANDB_PROJECT", project)
+    if not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ:
+        os.environ["WANDB_MODE"] = "offline"
+
+
+def load_training_dataset(script_args) -> Dataset:
+    from tider.data import load_dataset
+
+    if script_args.dataset_name == "synthetic" and script_args.dataset_path is None and script_args.synthetic_messages:
+        from tider.data.synth import generate
+
+        return generate(script_args.synthetic_messages, seed=script_args.dataset_seed,
+                        n_conversations=script_args.synthetic_conversations)
+    options = {"seed": script_args.dataset_seed} if script_args.dataset_name == "synthetic" else {}
+    return load_dataset(script_args.dataset_name, script_args.dataset_path, **options)
+
+
+def date_range_tokens(dataset: Dataset, margin_days: int = 60) -> list[str]:
+    """Every ISO date the data (messages and question times) can mention, with a margin
+    for relative questions that point before the first message."""
+    from tider.train.tiny import iso_dates
+
+    stamps = [m.timestamp for mem in dataset.memories.values() for m in mem] + [q.asked_at for q in dataset.queries]
+    first, last = min(stamps).date(), max(stamps).date()
+    return iso_dates(first - timedelta(days=margin_days), last + timedelta(days=margin_days))
+
+
+def ensure_tiny_model(script_args, model_path: str, dataset: Dataset, builder: PromptBuilder) -> None:
+    """Build the tiny Qwen3 at ``model_path`` unless a checkpoint is already there (so a
+    resumed or repeated run keeps the same tokenizer and initial weights)."""
+    from tider.train.tiny import build_tiny_qwen3
+
+    if (Path(model_path) / "config.json").exists():
+        return
+    train_queries = split_queries(dataset, seed=script_args.split_seed)["train"]
+    corpus = corpus_texts(dataset, sft_records(train_queries, builder))
+    dates = date_range_tokens(dataset) if script_args.tiny_date_tokens else []
+    logger.info("building tiny Qwen3 at %s (%d corpus texts, %d date tokens)", model_path, len(corpus), len(dates))
+    build_tiny_qwen3(
+        model_path,
+        corpus,
+        vocab_size=script_args.tiny_vocab_size,
+        date_tokens=dates,
+        hidden_size=script_args.tiny_hidden_size,
+        num_layers=script_args.tiny_num_layers,
+        num_heads=script_args.tiny_num_heads,
+        num_kv_heads=max(1, script_args.tiny_num_heads // 2),
+        intermediate_size=2 * script_args.tiny_hidden_size,
+    )
+
+
+def prepare(script_args, model_path: str, *, stage: str, dataset: Optional[Dataset] = None, store=None):
+    """Return ``(dataset, store, tokenizer, builder, splits)``; builds the tiny model if asked.
+    ``store`` (a ``RetrievalStore``) is built once here and shared by prompts and rewards."""
+    from transformers import AutoTokenizer
+
+    from tider.retrieval.store import RetrievalStore
+
+    dataset = dataset or load_training_dataset(script_args)
+    store = store or RetrievalStore(dataset)
+    builder = PromptBuilder(dataset, store.timeline, top_k=script_args.timeline_top_k,
+                            max_prompt_tokens=script_args.max_prompt_tokens)
+    if script_args.tiny_model:
+        ensure_tiny_model(script_args, model_path, dataset, builder)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    builder.tokenizer = tokenizer
+    splits = split_queries(dataset, seed=script_args.split_seed)
+    logger.info("%s on %s: %s", stage, dataset.name, {k: len(v) for k, v in splits.items()})
+    return dataset, store, tokenizer, builder, splits
+
+
+def to_hf(records: list[dict], limit: Optional[int] = None, columns: Optional[list[str]] = None):
+    from datasets import Dataset as HFDataset
+
+    records = records[:limit] if limit else records
+    if columns is not None:
+        records = [{c: r[c] for c in columns} for r in records]
+    return HFDataset.from_list(records)
+
+
+def write_locator_meta(output_dir: str, script_args, dataset: Dataset) -> None:
+    """Prompt settings next to the checkpoint: how to rebuild the training prompt."""
+    meta = {
+        "prompt_version": PROMPT_VERSION,
+        "granularity": dataset.granularity,
+        "timeline_top_k": script_args.timeline_top_k,
+        "max_prompt_tokens": script_args.max_prompt_tokens,
+        "dataset_name": dataset.name,
+        "split_seed": script_args.split_seed,
+    }
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(output_dir) / LOCATOR_META).write_text(json.dumps(meta, indent=2))
+
+
+def read_locator_meta(model_dir: str) -> dict:
+    path = Path(model_dir) / LOCATOR_META
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def resume_arg(training_args):
+    """``resume_from_checkpoint: true`` means the newest checkpoint in output_dir, if any."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    value = training_args.resume_from_checkpoint
+    if value in (None, False, "", "false", "False"):
+        return None
+    if value in (True, "true", "True"):
+        return get_last_checkpoint(training_args.output_dir) if Path(training_args.output_dir).is_dir() else None
+    return value
+
+
+__all__ = ["prepare", "sft_records", "grpo_records", "to_hf", "write_locator_meta", "read_locator_meta", "resume_arg"]

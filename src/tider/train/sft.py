@@ -1,0 +1,45 @@
+"""Supervised warm-up of the locator with TRL's ``SFTTrainer`` (conversational
+prompt-completion records: the loss covers the gold JSON completion only)."""
+
+from __future__ import annotations
+
+import logging
+
+from tider.train.locator_data import prepare, resume_arg, setup_wandb_env, sft_records, to_hf, write_locator_meta
+
+logger = logging.getLogger(__name__)
+
+
+def model_init_kwargs(training_args, model_args) -> dict:
+    """TRL 1.16 loads in float32 unless told otherwise; the recipe's ``dtype`` wins."""
+    kwargs = dict(training_args.model_init_kwargs or {})
+    if model_args.dtype and "dtype" not in kwargs:
+        kwargs["dtype"] = model_args.dtype
+    if model_args.attn_implementation and "attn_implementation" not in kwargs:
+        kwargs["attn_implementation"] = model_args.attn_implementation
+    return kwargs
+
+
+def run_sft(script_args, training_args, model_args, *, dataset=None, store=None):
+    from trl import SFTTrainer, get_peft_config
+
+    setup_wandb_env(script_args.wandb_project)
+    model_path = model_args.model_name_or_path
+    dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="sft", dataset=dataset, store=store)
+    train = to_hf(sft_records(splits["train"], builder), script_args.max_train_samples, ["prompt", "completion"])
+    evaluate = training_args.eval_strategy != "no"
+    val = to_hf(sft_records(splits["validation"], builder), script_args.max_eval_samples, ["prompt", "completion"]) if evaluate else None
+    training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
+    trainer = SFTTrainer(
+        model=model_path,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=val,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=resume_arg(training_args))
+    trainer.save_model(training_args.output_dir)
+    tokenizer.save_pretrained(training_args.output_dir)
+    write_locator_meta(training_args.output_dir, script_args, dataset)
+    return trainer
