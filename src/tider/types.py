@@ -145,7 +145,7 @@ class Gold:
     windows: tuple[Window, ...] = ()
     temporal: bool = False
     unresolved_evidence: tuple[str, ...] = ()  # raw evidence refs that matched no message
-    # LoCoMo category 5: the tempting wrong answer (a reader that says it is wrong).
+    # LoCoMo category 5: the tempting wrong answer that a good reader rejects.
     adversarial_answer: Optional[str] = None
 
 

@@ -34,7 +34,6 @@ _OPT_TEXT = {"type": ["string", "null"]}
 
 MESSAGE_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://github.com/tider/tider/data/schema/message.schema.json",
     "title": "tider message (one line of messages.jsonl)",
     "type": "object",
     "required": ["memory", "key", "text", "timestamp", "speaker"],
@@ -56,7 +55,6 @@ MESSAGE_SCHEMA = {
 
 QUERY_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://github.com/tider/tider/data/schema/query.schema.json",
     "title": "tider query (one line of queries.jsonl)",
     "type": "object",
     "required": ["key", "memory", "text", "asked_at"],
