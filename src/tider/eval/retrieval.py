@@ -4,8 +4,8 @@ One stage per method (``retrieve-<method>``), records keyed by the query key, so
 killed run resumes where it stopped. A method is a registered window source name,
 optionally with a semantic-mode override: ``none@bm25`` = no windows, BM25 channel.
 
-Evaluated queries: those with resolvable gold evidence (at least one evidence id, and
-no unresolved reference), minus excluded categories (LoCoMo ``adversarial`` / ``5`` by
+Evaluated queries: those with resolvable gold evidence (at least one evidence reference
+that matched a message; recall counts the matched ones), minus excluded categories (LoCoMo ``adversarial`` / ``5`` by
 default; their defining property is that no evidence answers them).
 """
 
@@ -40,7 +40,7 @@ def eligible_queries(dataset: Dataset, exclude: Sequence[str] = DEFAULT_EXCLUDE,
                      limit: int | None = None) -> list[Query]:
     keep = set(memory_keys) if memory_keys is not None else None
     out = [q for q in dataset.queries
-           if q.gold.evidence_ids and not q.gold.unresolved_evidence and str(q.category) not in set(map(str, exclude))
+           if q.gold.evidence_ids and str(q.category) not in set(map(str, exclude))
            and (keep is None or q.memory_key in keep)]
     return out[:limit] if limit is not None else out
 

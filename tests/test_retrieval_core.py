@@ -1,0 +1,158 @@
+"""Retrieval building blocks on hand-built memories (no model load)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+import numpy as np
+import pytest
+
+from tider.locator.sources import (NoWindows, OracleWindows, ensure_not_evaluation_only, gold_predictions, make_source,
+                                   register_source)
+from tider.retrieval import channels
+from tider.retrieval.bm25 import BM25Index, expand_message
+from tider.retrieval.config import RetrievalConfig, TimelineConfig
+from tider.retrieval.dense import DenseIndex, range_union_search
+from tider.retrieval.rerank import decay, rerank_scores
+from tider.retrieval.retriever import DualChannelRetriever
+from tider.retrieval.timeline import cluster_messages
+from tider.types import Gold, Memory, Message, Query, Window, WindowPrediction
+
+T0 = datetime(2023, 5, 1, 12, 0)
+
+
+def _memory(n_days=10, per_day=3) -> Memory:
+    msgs = [Message(id=i, key=f"m{i}", text=f"text {i}", timestamp=T0 + timedelta(days=i // per_day), speaker="A",
+                    session=f"s{i // per_day}") for i in range(n_days * per_day)]
+    return Memory("mem", msgs)
+
+
+def test_decay_formula_hand_values():
+    got = decay(np.array([0.0, 10.0, 1000.0]), gamma_min=0.3, rho_per_day=0.05)
+    assert got[0] == 1.0
+    assert got[1] == pytest.approx(math.exp(-0.5))
+    assert got[2] == 0.3  # the floor
+    # score = sim * gamma + lambda * inside; window [day 2, day 4]
+    windows = np.array([[2.0, 4.0]])
+    scores = rerank_scores(np.array([0.5, 0.5, 0.8]), np.array([3.0, 14.0, 100.0]), windows, 0.3, 0.3, 0.05)
+    assert scores == pytest.approx([0.5 + 0.3, 0.5 * math.exp(-0.5), 0.8 * 0.3])
+
+
+def test_window_to_id_range_matches_memory_bisect():
+    mem = _memory()
+    ts = np.array([channels.to_days(t) for t in mem.timestamps])
+    for lo_day, hi_day in [(0, 0), (1, 3), (2.5, 2.6), (-5, -1), (9, 20)]:
+        w = Window(T0 + timedelta(days=lo_day), T0 + timedelta(days=hi_day))
+        want = mem.id_range(w)
+        got = channels.id_ranges(ts, channels.window_days([w]))
+        assert got == ([want] if want[1] > want[0] else [])
+    # overlapping windows merge; the buffer widens both sides
+    ws = [Window(T0, T0 + timedelta(days=1)), Window(T0 + timedelta(days=1), T0 + timedelta(days=2))]
+    assert channels.id_ranges(ts, channels.window_days(ws)) == [(0, 9)]
+    assert channels.id_ranges(ts, channels.window_days([Window(T0 + timedelta(days=5), T0 + timedelta(days=5))]), 1.0) == [(12, 21)]
+
+
+def test_bm25s_and_rank_bm25_rank_identically():
+    corpus = ["the cat sat on the mat", "dogs chase cats in the park", "a violin concert in vienna",
+              "my cat loves the violin", "hiking the alps in june", "june wedding cake with chocolate",
+              "park rangers and alps guides", "chocolate cake recipe from vienna"]
+    fast = BM25Index.from_texts(corpus, backend="bm25s", method="robertson")
+    ref = BM25Index.from_texts(corpus, backend="rank_bm25")
+    for q in ["cat violin", "alps june hiking", "chocolate vienna", "park cats", "nothing matches zzz"]:
+        a, b = fast.scores(q), ref.scores(q)
+        # same Okapi formula; bm25s drops the constant (k1 + 1) factor of the numerator
+        np.testing.assert_allclose(a * 2.5, b, rtol=1e-4, atol=1e-5)
+        assert fast.search(q, 8)[0].tolist() == ref.search(q, 8)[0].tolist()
+
+
+def test_metadata_expansion_and_save_load(tmp_path):
+    m = Message(id=0, key="x", text="ship it friday", timestamp=T0, speaker="alice", session="s", channel="design",
+                topic="release")
+    assert expand_message(m) == "ship it friday alice design release"
+    idx = BM25Index.from_messages([m, Message(id=1, key="y", text="lunch", timestamp=T0, speaker="bob", session="s")])
+    assert idx.search("what did alice say in design", 1)[0].tolist() == [0]
+    idx.save(tmp_path / "bm25")
+    again = BM25Index.load(tmp_path / "bm25")
+    np.testing.assert_array_equal(again.scores("alice release"), idx.scores("alice release"))
+    assert not list((tmp_path / "bm25").rglob("*.pkl"))
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_faiss_range_search_and_roundtrip(kind, tmp_path):
+    rng = np.random.default_rng(0)
+    vecs = rng.normal(size=(200, 16)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    index = DenseIndex(vecs, kind=kind, ivf_lists=4, nprobe=4)
+    q = vecs[7] + 0.01
+    ids, _ = index.search(q, 5, id_range=(50, 120))
+    assert all(50 <= i < 120 for i in ids[0] if i >= 0)
+    if kind == "flat":  # exact: the in-range best equals the argmax of the slice
+        assert ids[0][0] == 50 + int(np.argmax(index.scores(q)[50:120]))
+        both, _ = range_union_search(index, q, 3, [(0, 10), (100, 110)])
+        sc = index.scores(q)
+        pool = list(range(0, 10)) + list(range(100, 110))
+        assert both.tolist() == sorted(pool, key=lambda i: -sc[i])[:3]
+    index.save(tmp_path / "dense")
+    again = DenseIndex.load(tmp_path / "dense")
+    assert again.search(q, 5)[0].tolist() == index.search(q, 5)[0].tolist()
+
+
+def test_timeline_clusters_by_time_similarity_and_cap():
+    e = np.eye(4, dtype=np.float32)
+    emb = np.stack([e[0], e[0], e[1], e[1], e[1], e[1]])
+    ts = [T0, T0, T0, T0 + timedelta(days=1), T0 + timedelta(days=30), T0 + timedelta(days=30)]
+    cfg = TimelineConfig(delta_date_days=7, theta_sem=0.9, cap=2)
+    # topic change splits 1|2, the 30-day gap splits 3|4, the cap splits 0-1 | nothing else
+    assert cluster_messages(ts, emb, cfg) == [[0, 1], [2, 3], [4, 5]]
+    assert cluster_messages(ts, emb, TimelineConfig(theta_sem=0.9, cap=1)) == [[i] for i in range(6)]
+
+
+def test_registry_errors_and_oracle_guard():
+    with pytest.raises(ValueError, match="known: .*none.*oracle"):
+        make_source("no-such-source")
+    with pytest.raises(ValueError, match="already registered"):
+        register_source("none")(NoWindows)
+    q = Query("q", "mem", "when?", T0, gold=Gold(evidence_ids=(1,), windows=(Window(T0, T0),), temporal=True))
+    oracle = make_source("oracle", gold_by_key=gold_predictions([q]))
+    assert isinstance(oracle, OracleWindows)
+    # gold comes from the mapping: the public query (no gold) still gets its windows
+    assert oracle.predict(q.public(), _memory(), None).windows == (Window(T0, T0),)
+    with pytest.raises(ValueError, match="evaluation-only"):
+        ensure_not_evaluation_only(oracle)
+    ensure_not_evaluation_only(make_source("none"))
+
+
+def test_dual_channel_promotes_in_window_evidence_and_non_temporal_is_semantic():
+    mem = _memory(n_days=30, per_day=2)  # 60 messages, 2 a day
+    def unit(x):
+        return np.array(x, dtype=np.float32) / np.linalg.norm(x)
+
+    vecs = np.tile(unit([0, 0, 0, 1]), (60, 1))  # unrelated to the query: cosine 0
+    vecs[:4] = unit([0.9, np.sqrt(1 - 0.81), 0, 0])  # day 0-1: similar distractors (cos 0.9)
+    vecs[40] = unit([0.3, 0, np.sqrt(1 - 0.09), 0])  # day 20: the weakly similar evidence (cos 0.3)
+    vecs[41] = unit([1, 0, 0, 0])  # day 20: the best semantic match
+    query = unit([1, 0, 0, 0])
+    cfg = RetrievalConfig(k=5, semantic="dense")
+    retr = DualChannelRetriever(mem, BM25Index.from_messages(mem.messages), DenseIndex(vecs), cfg)
+    sim = channels.semantic_similarity(retr.dense.scores(query), None, "dense")
+    ids, scores = retr.rank(sim, WindowPrediction(False), 5)
+    assert ids.tolist() == channels.top_k(sim, 5).tolist()
+    day20 = T0 + timedelta(days=20)
+    ids_w, scores_w = retr.rank(sim, WindowPrediction(True, (Window(day20, day20),)), 5)
+    assert 40 not in ids.tolist() and 40 in ids_w.tolist()  # the window recovers the weak evidence
+    assert ids_w[0] == 41 and scores_w[0] == pytest.approx(sim[41] + 0.3)
+    assert np.all(np.diff(scores_w) <= 0)
+    # temporal=False in the config forces the semantic path even with windows
+    off = DualChannelRetriever(mem, retr.bm25, retr.dense, RetrievalConfig(k=5, semantic="dense", temporal=False))
+    assert off.rank(sim, WindowPrediction(True, (Window(day20, day20),)), 5)[0].tolist() == ids.tolist()
+
+
+def test_hybrid_similarity_is_rrf():
+    dense = np.array([0.9, 0.1, 0.5])
+    bm25 = np.array([0.0, 3.0, 1.0])
+    sim = channels.semantic_similarity(dense, bm25, "hybrid", rrf_k=60)
+    want = [(1 / 61 + 1 / 63) * 61 / 2, (1 / 63 + 1 / 61) * 61 / 2, (1 / 62 + 1 / 62) * 61 / 2]
+    np.testing.assert_allclose(sim, want, rtol=1e-6)
+    with pytest.raises(ValueError, match="semantic mode .sparse. unknown"):
+        RetrievalConfig(semantic="sparse")
