@@ -31,10 +31,15 @@ def run_stats(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from tider.data import load_dataset
+    from tider.data import DatasetError, load_dataset
     from tider.data.stats import dataset_stats
 
-    stats = dataset_stats(load_dataset(args.dataset, args.path))
+    try:
+        dataset = load_dataset(args.dataset, args.path)
+    except DatasetError as exc:
+        # Bad input is the user's to fix: one clear line (file + record), no traceback.
+        raise SystemExit(f"tider data stats: {exc}") from None
+    stats = dataset_stats(dataset)
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0

@@ -45,7 +45,7 @@ BASE_DATE = date(2023, 1, 2)
 PEOPLE = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
 # event type -> (detail attribute, values, channel, instances per 180 days)
 EVENTS: dict[str, tuple[str, list[str], str, int]] = {
-    "offsite": ("venue", ["lisbon", "berlin", "oslo", "porto", "vienna", "prague", "madrid", "dublin"], "#events", 3),
+    "offsite": ("venue", ["lisbon", "berlin", "oslo", "porto", "vienna", "prague", "madrid", "dublin"], "#events", 4),
     "team lunch": ("dish", ["pizza", "sushi", "tacos", "ramen", "curry", "salad", "burgers", "pasta"], "#social", 10),
     "sprint demo": ("feature", ["search", "login", "export", "billing", "chat", "upload", "alerts", "reports"], "#eng", 8),
     "budget meeting": ("budget", ["10k", "12k", "15k", "18k", "20k", "25k", "30k", "40k"], "#planning", 6),
@@ -255,7 +255,7 @@ class _Conversation:
 
     def _q_multi(self, n: int):
         event, instances = self._pick_event()
-        if len(instances) < n:
+        if len(instances) <= n:  # keep at least one same-event distractor outside the windows
             return None
         chosen = sorted(self.rng.sample(instances, n), key=lambda i: i.day)
         # Separate windows only: neighbours must be further apart than the merge gap.

@@ -1,0 +1,163 @@
+import re
+import time
+from collections import Counter
+from datetime import date, timedelta
+
+import pytest
+
+from tider.data import load_dataset
+from tider.data.stats import dataset_stats
+from tider.data.synth import EVENTS, MONTHS, _relative_period, default_dataset, generate, write
+
+ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+QUERY_TYPES = {"absolute", "relative", "anchored", "multi2", "multi3", "current_state", "non_temporal"}
+
+
+@pytest.fixture(scope="module")
+def data():
+    return default_dataset(seed=0)
+
+
+def window_days(query):
+    return [(w.start.date(), w.end.date()) for w in query.gold.windows]
+
+
+def test_default_shape_and_speed():
+    start = time.perf_counter()
+    data = default_dataset(seed=3)
+    assert time.perf_counter() - start < 5.0
+    assert len(data.memories) == 16 and data.granularity == "day"
+    for key, memory in data.memories.items():
+        assert 300 <= len(memory) <= 500
+        assert len({m.speaker for m in memory}) >= 4  # multi-party
+        assert (memory.span.end - memory.span.start).days >= 90  # months, not days
+        per_conv = sum(q.memory_key == key for q in data.queries)
+        assert 60 <= per_conv <= 120
+    assert set(data.stats["query_types"]) == QUERY_TYPES
+    stats = dataset_stats(data)
+    assert all(stats["by_window_bucket"][b] > 30 for b in ("0", "1", "2", ">=3"))
+
+
+def test_deterministic_by_seed(tmp_path):
+    a, b, c = generate(800, seed=5, n_conversations=2), generate(800, seed=5, n_conversations=2), generate(800, seed=6, n_conversations=2)
+    assert [(q.key, q.text, q.asked_at, q.gold) for q in a.queries] == [(q.key, q.text, q.asked_at, q.gold) for q in b.queries]
+    assert [q.text for q in a.queries] != [q.text for q in c.queries]
+    write(a, tmp_path / "a")
+    write(b, tmp_path / "b")
+    for name in ("messages.jsonl", "queries.jsonl", "dataset.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_written_benchmark_loads_back_identically(tmp_path):
+    original = generate(600, seed=2, n_conversations=3)
+    write(original, tmp_path / "synth")
+    loaded = load_dataset("synthetic", str(tmp_path / "synth"))
+    assert loaded.name == "synthetic" and loaded.stats["query_types"] == original.stats["query_types"]
+    assert [(q.key, q.text, q.asked_at, q.user, q.category, q.gold) for q in loaded.queries] == \
+           [(q.key, q.text, q.asked_at, q.user, q.category, q.gold) for q in original.queries]
+    assert {k: list(m) for k, m in loaded.memories.items()} == {k: list(m) for k, m in original.memories.items()}
+
+
+def test_metadata_chains_and_filler(data):
+    messages = [m for memory in data.memories.values() for m in memory]
+    assert {m.channel for m in messages} >= {"#general", "#events", "#projects"}
+    assert {m.phase for m in messages if m.stage is not None} == {"proposal", "revision", "rollback"}
+    assert Counter(m.topic for m in messages)["chatter"] > len(messages) // 3
+    for memory in data.memories.values():  # every chain runs forward in time
+        chains = {}
+        for m in memory:
+            if m.stage is not None:
+                chains.setdefault(re.sub(r" to .*$", "", m.text.split(": ", 1)[1]).split(" ", 1)[1], []).append(m.stage)
+        assert all(stages == list(range(len(stages))) for stages in chains.values())
+
+
+def test_gold_windows_hold_the_evidence(data):
+    for q in data.queries:
+        memory = data.memory_of(q)
+        assert q.gold.evidence_ids and q.gold.answer
+        assert q.gold.temporal == (q.category != "non_temporal")
+        if q.gold.temporal:
+            assert all(any(w.contains(memory[i].timestamp) for w in q.gold.windows) for i in q.gold.evidence_ids)
+            assert all(q.gold.answer.split("; ")[0] in memory[i].text for i in q.gold.evidence_ids[:1])
+
+
+def test_questions_carry_the_cue_that_fixes_the_window(data):
+    seen = Counter()
+    for q in data.queries:
+        days = window_days(q)
+        if q.category in ("absolute", "multi2", "multi3") and ISO_DATE.search(q.text):
+            stated = [date.fromisoformat(d) for d in ISO_DATE.findall(q.text)]
+            assert days == [(d, d) for d in stated]
+            assert len(days) == {"absolute": 1, "multi2": 2, "multi3": 3}[q.category]
+            seen["date"] += 1
+        elif q.category == "absolute":
+            month, year = re.search(r" in (\w+) (\d{4})\?$", q.text).groups()
+            assert days[0][0].year == int(year) and MONTHS[days[0][0].month - 1] == month
+            seen["month"] += 1
+        elif q.category == "relative":
+            phrase = re.search(r"at the [a-z ]+? (yesterday|\w+ days ago|last week|two weeks ago|last month|two months ago)\?$", q.text).group(1)
+            lo, hi = _relative_period(q.asked_at.date(), phrase)
+            assert lo <= days[0][0] <= hi and q.asked_at.date() > days[0][0]
+            seen[phrase] += 1
+    assert seen["date"] > 100 and seen["month"] > 20
+    assert len([p for p in seen if p not in ("date", "month")]) == 7  # every relative phrase occurs
+
+
+def test_relative_and_anchored_questions_are_unambiguous(data):
+    for q in data.queries:
+        memory = data.memory_of(q)
+        if q.category not in ("relative", "anchored"):
+            continue
+        event = next(e for e in EVENTS if f"the {e} " in q.text or q.text.endswith(f"the {e}?") or f" {e} after" in q.text or f" {e} before" in q.text)
+        instance_days = sorted({m.timestamp.date() for m in memory if m.text.endswith(f"at the {event}")})
+        gold_day = window_days(q)[0][0]
+        if q.category == "relative":
+            phrase = q.text.split(f"at the {event} ")[1].rstrip("?")
+            lo, hi = _relative_period(q.asked_at.date(), phrase)
+            assert [d for d in instance_days if lo <= d <= hi] == [gold_day]
+        else:
+            milestone = re.search(r"(after|before) the ([a-z0-9 ]+)\?$", q.text)
+            anchor = next(m.timestamp.date() for m in memory if m.text == f"big news: the {milestone.group(2)} happened today")
+            expected = [d for d in instance_days if d > anchor][0] if milestone.group(1) == "after" else [d for d in instance_days if d < anchor][-1]
+            assert gold_day == expected
+
+
+def test_distractors_are_near_identical_and_temporally_wrong(data):
+    def template(text):
+        return re.sub(r"^we picked \S+ as", "we picked _ as", text)
+
+    for q in data.queries:
+        if q.category in ("current_state", "non_temporal"):
+            continue
+        memory = data.memory_of(q)
+        gold = memory[q.gold.evidence_ids[0]]
+        assert template(gold.text) != gold.text
+        # Same words but the detail, on days outside every gold window.
+        twins = [m for m in memory if template(m.text) == template(gold.text)
+                 and not any(w.contains(m.timestamp) for w in q.gold.windows)]
+        assert twins, q.text
+
+
+def test_current_state_follows_the_latest_update(data):
+    checked = 0
+    for q in data.queries:
+        if q.category != "current_state":
+            continue
+        memory = data.memory_of(q)
+        param, project = re.match(r"What is the current (.+) of project (\w+)\?", q.text).groups()
+        steps = [m for m in memory if m.stage is not None and f"the {param} of project {project} to " in m.text]
+        assert len(steps) >= 2 and q.gold.evidence_ids == (steps[-1].id,)
+        assert steps[-1].text.endswith(f" to {q.gold.answer}") and steps[-1].timestamp < q.asked_at
+        checked += 1
+    assert checked > 30
+
+
+def test_bad_sizes_are_rejected():
+    with pytest.raises(ValueError, match="n_conversations"):
+        generate(3, n_conversations=4)
+
+
+def test_small_sizes_still_work():
+    tiny = generate(60, seed=1, n_conversations=1)
+    assert len(next(iter(tiny.memories.values()))) >= 60 and tiny.queries
+    assert all(q.asked_at - timedelta(days=400) < q.gold.windows[0].start for q in tiny.queries if q.gold.windows)
