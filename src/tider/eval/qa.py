@@ -1,0 +1,321 @@
+"""``tider eval qa``: window source -> dual-channel retrieval -> forest back end -> reader
+-> judge, stage-wise and resumable (T-Mem App. D) on ``tider.eval.runner.StageRunner``.
+
+Stages, per window source W and context kind C (``flat`` | ``forest``), one JSONL each:
+
+    retrieve-W      window prediction + top-k seeds R_k(q)              (no LLM)
+    select-W        evidence utility selection, R'(q) = seeds + KEY/SUPPORT  (LLM "select")
+    structure-W     UPDATE/EXPAND/ROOT forest over R'(q)                 (LLM "structure" or lexical)
+    compress-W-C    context under budget B: forest = span compression + Eq. 8 linearization,
+                    flat = rank-ordered list truncated to B; ``compression="truncate"`` is
+                    the "w/o compression" ablation for the forest too
+    answer-W-C      reader, App. I prompt for C                          (LLM "answer")
+    judge-W-C       judge verdict (App. I) + LoCoMo token F1             (LLM "judge")
+
+A persistent LLM failure (no JSON, schema mismatch, empty output, transport) is a typed
+error inside an ``ok`` record: selection falls back to the seeds, structuring leaves the
+child a root, a failed answer or an unparsable verdict counts as incorrect. The report
+counts all of them. Every prompt goes through the ``LeakageValidator``; any leak fails
+the run. Each record stores the tokens its LLM calls spent, so the report's per-stage
+token table (T-Mem Table 6 style) survives resumes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from tider.eval.answer_metrics import answer_f1
+from tider.eval.leakage import LeakageValidator
+from tider.eval.runner import Stage, StageRunner, file_hash
+from tider.forest.compress import IDF, compress_forest, truncate_to_budget, whitespace_tokens
+from tider.forest.linearize import forest_rows, render_flat, render_forest, rows_to_json
+from tider.forest.prompts import READER_SYSTEM, judge_messages, parse_verdict, prompt_hash, reader_messages
+from tider.forest.select import select_evidence, selection_prompts
+from tider.forest.structure import Forest, LLMRelationClassifier, build_forest, make_classifier
+from tider.retrieval.config import RetrievalConfig
+from tider.types import Dataset, Query, Window, window_bucket
+
+CONTEXT_KINDS = ("flat", "forest")
+COMPRESSION_MODES = ("idf", "truncate")
+ADVERSARIAL_GOLD = "Not mentioned in the conversation"
+
+
+@dataclass
+class QAConfig:
+    windows: Sequence[str] = ("none", "dbscan", "oracle")
+    contexts: Sequence[str] = CONTEXT_KINDS
+    k: int = 20  # seeds R_k(q) from the dual-channel retriever
+    top_n: int = 100  # candidates per window sent to evidence selection
+    budget: int = 8192  # context budget B in tokens
+    compression: str = "idf"
+    classifier: str = "llm"  # llm | lexical (named variant, never a silent substitute)
+    selection: bool = True
+    limit: Optional[int] = None
+    memory_keys: Optional[Sequence[str]] = None
+    exclude_categories: Sequence[str] = ()
+    select_max_tokens: int = 512
+    structure_max_tokens: int = 512
+    answer_max_tokens: int = 256
+    judge_max_tokens: int = 64
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+
+    def __post_init__(self):
+        for c in self.contexts:
+            if c not in CONTEXT_KINDS:
+                raise ValueError(f"unknown context kind {c!r}; known: {', '.join(CONTEXT_KINDS)}")
+        if self.compression not in COMPRESSION_MODES:
+            raise ValueError(f"unknown compression {self.compression!r}; known: {', '.join(COMPRESSION_MODES)}")
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["retrieval"] = self.retrieval.to_json()
+        out["windows"], out["contexts"] = list(self.windows), list(self.contexts)
+        return out
+
+
+def qa_queries(dataset: Dataset, config: QAConfig) -> list[Query]:
+    keep = set(config.memory_keys) if config.memory_keys is not None else None
+    skip = set(map(str, config.exclude_categories))
+    out = [q for q in dataset.queries if str(q.category) not in skip and (keep is None or q.memory_key in keep)]
+    return out[: config.limit] if config.limit is not None else out
+
+
+def _spent(client, stage: str, fn: Callable[[], dict]) -> dict:
+    """Run ``fn`` and attach the tokens/calls/errors ``client`` spent on ``stage`` meanwhile
+    (stages run one item at a time, so the difference belongs to this record)."""
+    before = client.usage_by_stage().get(stage, {}) if client is not None else {}
+    record = fn()
+    after = client.usage_by_stage().get(stage, {}) if client is not None else {}
+    record["llm"] = {k: after.get(k, 0) - before.get(k, 0) for k in
+                     ("calls", "cached_calls", "errors", "attempts", "prompt_tokens", "completion_tokens")}
+    return record
+
+
+class QARun:
+    def __init__(self, dataset: Dataset, config: QAConfig, reader, judge, selector=None,
+                 count_tokens: Optional[Callable[[str], int]] = None, store=None):
+        from tider.retrieval.store import RetrievalStore
+
+        self.dataset, self.config = dataset, config
+        self.reader, self.judge, self.selector = reader, judge, selector or reader
+        self.count_tokens = count_tokens or whitespace_tokens
+        self.store = store or RetrievalStore(dataset, config.retrieval)
+        self.validator = LeakageValidator(dataset.memories)
+        self.idf = {k: IDF(m.text for m in mem) for k, mem in dataset.memories.items()}
+        self.classifier = (LLMRelationClassifier(self.selector, max_tokens=config.structure_max_tokens)
+                           if config.classifier == "llm" else make_classifier(config.classifier))
+        self.records: dict[str, dict[str, dict]] = {}
+
+    # ------------------------------------------------------------------ stages
+    def retrieve_stage(self, window_name: str, context: dict) -> Stage:
+        from tider.locator.sources import make_source_from_context
+
+        source = make_source_from_context(window_name, context)
+        g = self.dataset.granularity
+
+        def run(query: Query) -> dict:
+            public = query.public()  # nothing on the inference path sees gold
+            memory = self.store.memory(query.memory_key)
+            pred = source.predict(public, memory, self.store.timeline(query.memory_key))
+            ids, scores = self.store.retrieve(public, pred, self.config.k)
+            # Exact window bounds too: a day-granularity rendering loses the end of day.
+            exact = [[w.start.isoformat(), w.end.isoformat()] for w in pred.windows] if pred.temporal else []
+            return {"prediction": pred.to_json(g), "windows_exact": exact, "ids": ids.tolist(),
+                    "scores": [float(s) for s in scores]}
+
+        return Stage(f"retrieve-{window_name}", run)
+
+    def select_stage(self, w: str) -> Stage:
+        retrieved = self.records[f"retrieve-{w}"]
+        g = self.dataset.granularity
+
+        def run(query: Query) -> dict:
+            rec = retrieved[query.key]
+            seeds = rec["ids"]
+            pred = rec["prediction"]
+            windows = [Window(_t(a), _t(b)) for a, b in rec["windows_exact"]] if pred["temporal"] else []
+            if not (self.config.selection and windows):
+                return {"ids": seeds, "windows": [], "errors": 0, "invalid_ids": 0}
+            public, memory = query.public(), self.store.memory(query.memory_key)
+            sim, _ = self.store.similarity(public)
+            similarity = lambda text, ids: sim[list(ids)]
+            for _, cands, messages in selection_prompts(public, memory, windows, similarity, self.config.top_n):
+                block = [line for line in messages[1]["content"].splitlines() if line.startswith("[Msg_")]
+                self.validator.check_prompt(query, "select", messages, allowed_parts=block,
+                                            template_text=messages[0]["content"])
+
+            def call() -> dict:
+                result = select_evidence(public, memory, seeds, windows, self.selector, similarity,
+                                         self.config.top_n, self.config.select_max_tokens)
+                return {"ids": result.ids, "windows": [asdict(x) for x in result.windows], "errors": result.errors,
+                        "invalid_ids": sum(x.invalid_ids for x in result.windows)}
+
+            return _spent(self.selector, "select", call)
+
+        return Stage(f"select-{w}", run)
+
+    def structure_stage(self, w: str) -> Stage:
+        selected = self.records[f"select-{w}"]
+        g = self.dataset.granularity
+
+        def run(query: Query) -> dict:
+            public, memory = query.public(), self.store.memory(query.memory_key)
+            msgs = [memory[i] for i in selected[query.key]["ids"]]
+
+            def call() -> dict:
+                if isinstance(self.classifier, LLMRelationClassifier):
+                    forest_probe, tasks = _tasks(msgs)
+                    for messages in self.classifier.prompts(public.text, public.user, tasks, g):
+                        block = [l for l in messages[1]["content"].splitlines() if l.startswith("[Msg_")]
+                        self.validator.check_prompt(query, "structure", messages, allowed_parts=block,
+                                                    template_text=messages[0]["content"])
+                forest, judgements = build_forest(public.text, public.user, msgs, self.classifier, g)
+                return {"forest": forest.to_json(), "classifier": self.classifier.name,
+                        "errors": sum(j.error is not None for j in judgements), "pairs": len(judgements)}
+
+            return _spent(self.selector if self.config.classifier == "llm" else None, "structure", call)
+
+        return Stage(f"structure-{w}", run)
+
+    def compress_stage(self, w: str, c: str) -> Stage:
+        selected = self.records[f"select-{w}"]
+        g, budget = self.dataset.granularity, self.config.budget
+
+        def run(query: Query) -> dict:
+            memory = self.store.memory(query.memory_key)
+            ids = selected[query.key]["ids"]
+            if c == "flat":
+                text = truncate_to_budget(render_flat([memory[i] for i in ids], g), budget, self.count_tokens)
+                return {"context": text, "context_ids": ids, "tokens": self.count_tokens(text), "over_budget": False}
+            structured = self.records[f"structure-{w}"][query.key]["forest"]
+            forest = Forest.from_json(structured, {i: memory[i] for i in ids})
+            if self.config.compression == "truncate":
+                text = truncate_to_budget(render_forest(forest_rows(forest, g)), budget, self.count_tokens)
+                return {"context": text, "context_ids": ids, "tokens": self.count_tokens(text), "over_budget": False}
+            comp = compress_forest(forest, query.public().text, self.idf[query.memory_key], budget, self.count_tokens)
+            rows = forest_rows(forest, g, comp)
+            text = render_forest(rows)
+            return {"context": text, "context_ids": [r.message_id for r in rows], "rows": rows_to_json(rows),
+                    "tokens": self.count_tokens(text), "span_tokens": comp.retained_tokens(),
+                    "over_budget": comp.over_budget, "omitted_spans": comp.omitted}
+
+        return Stage(f"compress-{w}-{c}", run)
+
+    def answer_stage(self, w: str, c: str) -> Stage:
+        contexts, selected = self.records[f"compress-{w}-{c}"], self.records[f"select-{w}"]
+
+        def run(query: Query) -> dict:
+            public, ctx = query.public(), contexts[query.key]
+            messages = reader_messages(c, public.text, public.user, ctx["context"])
+            self.validator.check_prompt(query, "answer", messages, allowed_parts=[ctx["context"]],
+                                        context_ids=ctx["context_ids"], produced_ids=selected[query.key]["ids"],
+                                        template_text=READER_SYSTEM[c])
+
+            def call() -> dict:
+                result = self.reader.chat(messages, stage="answer", max_tokens=self.config.answer_max_tokens)
+                return {"answer": result.text.strip(), "error": result.error}
+
+            return _spent(self.reader, "answer", call)
+
+        return Stage(f"answer-{w}-{c}", run, )
+
+    def judge_stage(self, w: str, c: str) -> Stage:
+        answers = self.records[f"answer-{w}-{c}"]
+
+        def run(query: Query) -> dict:
+            rec = answers[query.key]
+            gold = query.gold
+            adversarial = str(query.category) in ("5", "adversarial")
+            gold_answer = ADVERSARIAL_GOLD if adversarial else (gold.answer or "")
+            base = {"category": str(query.category), "bucket": window_bucket(len(gold.windows)),
+                    "f1": answer_f1(rec["answer"], gold.answer, query.category)}
+            if rec["error"] is not None or not rec["answer"]:
+                return {**base, "correct": False, "verdict": None, "error": "no_answer", "llm": {}}
+
+            def call() -> dict:
+                result = self.judge.chat(judge_messages(query.text, gold_answer, rec["answer"]), stage="judge",
+                                         max_tokens=self.config.judge_max_tokens)
+                verdict = parse_verdict(result.text) if result.error is None else None
+                error = result.error or (None if verdict is not None else "no_verdict")
+                return {**base, "correct": bool(verdict), "verdict": verdict, "error": error}
+
+            return _spent(self.judge, "judge", call)
+
+        return Stage(f"judge-{w}-{c}", run)
+
+    # --------------------------------------------------------------------- run
+    def run(self, runner: StageRunner, queries: Sequence[Query], progress: bool = True) -> dict:
+        from tider.locator.sources import gold_predictions
+
+        self.store.prepare([q.public() for q in queries])
+        context = {"store": self.store, "gold_by_key": gold_predictions(queries)}
+        key = lambda q: q.key
+        for w in self.config.windows:
+            plan = [self.retrieve_stage(w, context), None, None]
+            self._run(runner, plan[0], queries, key, progress)
+            self._run(runner, self.select_stage(w), queries, key, progress)
+            if "forest" in self.config.contexts:
+                self._run(runner, self.structure_stage(w), queries, key, progress)
+            for c in self.config.contexts:
+                for make in (self.compress_stage, self.answer_stage, self.judge_stage):
+                    self._run(runner, make(w, c), queries, key, progress)
+        return self.records
+
+    def _run(self, runner: StageRunner, stage: Stage, queries, key, progress) -> None:
+        self.records[stage.name] = runner.run(stage, queries, key=key, progress=progress)
+        (runner.out_dir / "leaks.json").write_text(json.dumps([l.to_json() for l in self.validator.leaks], indent=1))
+        self.validator.raise_if_leaks()
+        failed = runner.errors(stage.name)
+        if failed:
+            first = next(iter(failed.items()))
+            raise RuntimeError(f"{stage.name}: {len(failed)} queries failed (e.g. {first[0]}: {first[1]}); "
+                               f"rerun to retry them, see {runner.stage_path(stage.name)}")
+
+
+def _t(text: str):
+    from datetime import datetime
+
+    return datetime.fromisoformat(text)
+
+
+def _tasks(msgs):
+    from tider.forest.structure import eligible_parents
+
+    ordered = sorted({m.id: m for m in msgs}.values(), key=lambda m: (m.timestamp, m.id))
+    tasks = [(c, eligible_parents(c, ordered[:i])) for i, c in enumerate(ordered)]
+    return None, [(c, p) for c, p in tasks if p]
+
+
+def run_qa_eval(dataset: Dataset, config: QAConfig, out_dir, reader, judge, selector=None, *,
+                data_path: Optional[str] = None, overwrite: bool = False, progress: bool = True,
+                count_tokens: Optional[Callable[[str], int]] = None, tokenizer_name: str = "whitespace") -> dict:
+    """Run (or resume) a QA evaluation into ``out_dir``; returns the report dict."""
+    from tider.eval.qa_report import build_qa_report, write_qa_report
+    from tider.forest import prompts
+
+    queries = qa_queries(dataset, config)
+    if not queries:
+        raise ValueError(f"dataset {dataset.name!r}: no queries left to evaluate after filtering")
+    selector = selector or reader
+    manifest = {
+        "command": "eval qa", "dataset": dataset.name, "data_path": data_path, "data_hash": file_hash(data_path),
+        "n_queries": len(queries),
+        "config": {**config.to_json(), "reader": reader.model, "judge": judge.model, "selector": selector.model,
+                   "tokenizer": tokenizer_name},
+        "prompt_hashes": {name: prompt_hash(getattr(prompts, name)) for name in
+                          ("SELECTION_SYSTEM", "STRUCTURING_SYSTEM", "READER_SYSTEM_FLAT", "READER_SYSTEM_FOREST",
+                           "JUDGE_SYSTEM")},
+    }
+    runner = StageRunner(out_dir, manifest, overwrite=overwrite)
+    qa = QARun(dataset, config, reader, judge, selector, count_tokens)
+    records = qa.run(runner, queries, progress)
+    report = build_qa_report(records, config.windows, config.contexts, len(queries))
+    report.update(dataset=dataset.name, leak_checks=qa.validator.checked, leaks=len(qa.validator.leaks),
+                  reader=reader.model, judge=judge.model, tokenizer=tokenizer_name,
+                  llm_usage_this_process={"reader": reader.usage_by_stage(), "judge": judge.usage_by_stage()})
+    write_qa_report(report, out_dir)
+    return report
