@@ -105,10 +105,25 @@ def to_hf(records: list[dict], limit: Optional[int] = None, columns: Optional[li
     return HFDataset.from_list(records)
 
 
-def write_locator_meta(output_dir: str, script_args, dataset: Dataset) -> None:
-    """Prompt settings next to the checkpoint: how to rebuild the training prompt."""
+def training_data_hash(dataset: Dataset, query_keys) -> str:
+    """Identifies the training data: dataset name + the training query keys."""
+    import hashlib
+
+    blob = dataset.name + "\n" + "\n".join(sorted(query_keys))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def write_locator_meta(output_dir: str, script_args, dataset: Dataset, *, train_query_keys=(),
+                       chat_template_kwargs: Optional[dict] = None) -> None:
+    """Prompt settings next to the checkpoint: how to rebuild the training prompt (read by
+    the ``locator`` source and by export)."""
+    from tider.locator.prompt import OUTPUT_SCHEMA
+
     meta = {
         "prompt_version": PROMPT_VERSION,
+        "output_schema": OUTPUT_SCHEMA,
+        "chat_template_kwargs": dict(chat_template_kwargs or {"enable_thinking": False}),
+        "training_data_hash": training_data_hash(dataset, train_query_keys),
         "granularity": dataset.granularity,
         "timeline_top_k": script_args.timeline_top_k,
         "max_prompt_tokens": script_args.max_prompt_tokens,

@@ -19,10 +19,15 @@ from typing import Iterable
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 
 # Qwen-style ChatML. `enable_thinking=False` (Qwen3's switch, passed through
-# chat_template_kwargs) writes the empty think block Qwen3 expects.
+# chat_template_kwargs) writes the empty think block Qwen3 expects. Like Qwen3's own
+# template, an assistant turn without a think block is rendered with an empty one, so an
+# SFT completion ("<think>\n\n</think>\n\n{json}") continues exactly the prompt that
+# GRPO and serving build with enable_thinking=False.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' and '<think>' not in message['content'] %}<think>\n\n</think>\n\n{% endif %}"
+    "{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
