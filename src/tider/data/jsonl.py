@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import jsonschema
+from tqdm.auto import tqdm
 
 from tider.data.errors import DatasetError, parse_timestamp
 from tider.data.gold import gold_windows
@@ -81,7 +82,8 @@ def _records(path: Path, validator: jsonschema.Draft202012Validator) -> Iterator
     if not path.is_file():
         raise DatasetError(path, "file", "not found")
     with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+        lines = tqdm(handle, desc=f"reading {path.name}", unit=" lines", leave=False, mininterval=1.0)
+        for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             label = f"line {number}"

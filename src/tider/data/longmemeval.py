@@ -22,6 +22,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
+from tqdm.auto import tqdm
+
 from tider.data.errors import DatasetError, parse_timestamp
 from tider.data.gold import gold_windows
 from tider.data.locomo import read_json
@@ -94,7 +96,7 @@ def load_longmemeval(path: str, granularity: str = "day", merge_gap=None, max_wi
     stats: Counter = Counter()
     memories: dict[str, Memory] = {}
     queries: list[Query] = []
-    for position, item in enumerate(data):
+    for position, item in enumerate(tqdm(data, desc=f"loading {path.name}", unit=" questions", leave=False)):
         memory, query = _question(item, position, path, granularity, stats, merge_gap, max_windows)
         if memory.key in memories:
             raise DatasetError(path, f"question {position} ({memory.key})", "duplicate question_id")
