@@ -7,7 +7,7 @@ import pytest
 
 from tider.data import load_dataset
 from tider.data.stats import dataset_stats
-from tider.data.synth import EVENTS, MONTHS, _relative_period, default_dataset, generate, write
+from tider.data.synth import EVENTS, MONTHS, relative_period, default_dataset, generate, write
 
 ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 QUERY_TYPES = {"absolute", "relative", "anchored", "multi2", "multi3", "current_state", "non_temporal"}
@@ -96,7 +96,7 @@ def test_questions_carry_the_cue_that_fixes_the_window(data):
             seen["month"] += 1
         elif q.category == "relative":
             phrase = re.search(r"at the [a-z ]+? (yesterday|\w+ days ago|last week|two weeks ago|last month|two months ago)\?$", q.text).group(1)
-            lo, hi = _relative_period(q.asked_at.date(), phrase)
+            lo, hi = relative_period(q.asked_at.date(), phrase)
             assert lo <= days[0][0] <= hi and q.asked_at.date() > days[0][0]
             seen[phrase] += 1
     assert seen["date"] > 100 and seen["month"] > 20
@@ -113,7 +113,7 @@ def test_relative_and_anchored_questions_are_unambiguous(data):
         gold_day = window_days(q)[0][0]
         if q.category == "relative":
             phrase = q.text.split(f"at the {event} ")[1].rstrip("?")
-            lo, hi = _relative_period(q.asked_at.date(), phrase)
+            lo, hi = relative_period(q.asked_at.date(), phrase)
             assert [d for d in instance_days if lo <= d <= hi] == [gold_day]
         else:
             milestone = re.search(r"(after|before) the ([a-z0-9 ]+)\?$", q.text)

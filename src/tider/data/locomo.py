@@ -42,7 +42,7 @@ LOCOMO_ADVERSARIAL_ANSWER = "Not mentioned in the conversation"
 SESSION_TIME_FORMATS = ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%I:%M %p on %B %d, %Y")
 TURN_TIME_FORMATS = ("%d.%m.%Y, %H:%M:%S", "%d.%m.%Y, %H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S")
 _SESSION_KEY = re.compile(r"session_(\d+)")
-_EVIDENCE_REF = re.compile(r"D:?(\d+):(\d+)")
+_EVIDENCE_REF = re.compile(r"D:?(\d+):(\d+)", re.IGNORECASE)
 
 
 def read_json(path: Path):

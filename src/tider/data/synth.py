@@ -110,7 +110,7 @@ def _month_start(d: date, back: int) -> date:
     return date(index // 12, index % 12 + 1, 1)
 
 
-def _relative_period(asked: date, phrase: str) -> tuple[date, date]:
+def relative_period(asked: date, phrase: str) -> tuple[date, date]:
     """The closed day range a relative phrase denotes when asked on ``asked``."""
     if phrase in RELATIVE_DAYS:
         day = asked - timedelta(days=RELATIVE_DAYS[phrase])
@@ -233,7 +233,7 @@ class _Conversation:
         else:
             first = _month_start(inst.day, -RELATIVE_MONTHS[phrase])
             asked = first + timedelta(days=rng.randint(0, 27))
-        lo, hi = _relative_period(asked, phrase)
+        lo, hi = relative_period(asked, phrase)
         days = [i.day for i in instances]
         if not (lo <= inst.day <= hi) or bisect.bisect_right(days, hi) - bisect.bisect_left(days, lo) != 1:
             return None
