@@ -79,3 +79,17 @@ def parse_recipe(stage: str, argv: Sequence[str]):
     if stage not in parsers:
         raise ValueError(f"unknown training stage {stage!r}; known stages: {sorted(parsers)}")
     return parsers[stage]().parse_args_and_config(list(argv), fail_with_unknown_args=True)
+
+
+def check_generation_batch(training_args, num_processes: int) -> int:
+    """The GRPO batch rule for a world of ``num_processes`` (e.g. an accelerate config's):
+    the generation batch, ``per_device_train_batch_size * num_processes *
+    steps_per_generation``, must hold whole groups of ``num_generations``. Returns it."""
+    steps = training_args.steps_per_generation or training_args.gradient_accumulation_steps
+    batch = training_args.per_device_train_batch_size * num_processes * steps
+    if batch % training_args.num_generations != 0:
+        raise ValueError(
+            f"generation batch {batch} (= {training_args.per_device_train_batch_size} per device x {num_processes} "
+            f"processes x {steps} steps) is not divisible by num_generations={training_args.num_generations}"
+        )
+    return batch
