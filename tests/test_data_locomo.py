@@ -145,7 +145,8 @@ def test_unknown_dataset_lists_known_names():
 
 @pytest.mark.skipif(not DEV.exists(), reason="LoCoMo dev copy (../shared) not present")
 def test_real_locomo_dev_counts():
-    stats = dataset_stats(load_dataset("locomo", str(DEV)))
+    data = load_dataset("locomo", str(DEV))
+    stats = dataset_stats(data)
     assert stats["conversations"] == 7 and stats["queries"] == 1347 and stats["messages"] == 4124
     assert stats["by_category"] == {"1": 192, "2": 214, "3": 66, "4": 563, "5": 312}
     # Explicitly counted broken refs in the dev copy: "D" (conv-42) and the turns
@@ -155,3 +156,6 @@ def test_real_locomo_dev_counts():
     assert stats["loader"]["repaired_evidence"] == 1 and stats["loader"]["split_evidence"] == 1
     # Two questions have no evidence at all: the only non-temporal ones by default.
     assert stats["by_window_bucket"]["0"] == 2 and stats["temporal_queries"] == 1345
+    for q in data.queries:  # every resolved ref is a real turn inside a gold window
+        memory = data.memory_of(q)
+        assert all(any(w.contains(memory[i].timestamp) for w in q.gold.windows) for i in q.gold.evidence_ids)

@@ -161,3 +161,18 @@ def test_small_sizes_still_work():
     tiny = generate(60, seed=1, n_conversations=1)
     assert len(next(iter(tiny.memories.values()))) >= 60 and tiny.queries
     assert all(q.asked_at - timedelta(days=400) < q.gold.windows[0].start for q in tiny.queries if q.gold.windows)
+
+
+@pytest.mark.parametrize("n_messages, n_conversations, seed", [(150, 1, 0), (1000, 4, 11), (3000, 2, 7)])
+def test_invariants_at_other_sizes(n_messages, n_conversations, seed):
+    data = generate(n_messages, seed=seed, n_conversations=n_conversations)
+    assert sum(len(m) for m in data.memories.values()) == n_messages
+    assert len({q.key for q in data.queries}) == len(data.queries)
+    for memory in data.memories.values():
+        assert [m.id for m in memory] == list(range(len(memory)))
+        assert memory.timestamps == sorted(memory.timestamps)
+        assert len({m.key for m in memory}) == len(memory)
+    for q in data.queries:
+        memory = data.memory_of(q)
+        assert all(any(w.contains(memory[i].timestamp) for w in q.gold.windows) for i in q.gold.evidence_ids) or not q.gold.temporal
+        assert q.user in {m.speaker for m in memory}
