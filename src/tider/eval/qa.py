@@ -46,7 +46,7 @@ ADVERSARIAL_GOLD = "Not mentioned in the conversation"
 
 @dataclass
 class QAConfig:
-    windows: Sequence[str] = ("none", "dbscan", "oracle")
+    windows: Sequence[str] = ("none", "dbscan-paper", "oracle")
     contexts: Sequence[str] = CONTEXT_KINDS
     k: int = 20  # seeds R_k(q) from the dual-channel retriever
     top_n: int = 100  # candidates per window sent to evidence selection

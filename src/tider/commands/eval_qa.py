@@ -1,0 +1,107 @@
+"""`tider eval qa`: answer accuracy (LLM judge) and token F1 through the forest back end,
+for each window source x context kind; stage-wise JSONL, resumable; token accounting."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("qa", help="QA accuracy/F1 through selection, forest structuring, compression, reader, judge")
+    p.add_argument("--dataset", required=True, help="dataset loader name (locomo, longmemeval, jsonl, synthetic)")
+    p.add_argument("--path", default=None, help="dataset file or directory")
+    p.add_argument("--windows", default="none,dbscan-paper,oracle", help="comma-separated window sources")
+    p.add_argument("--context", default="flat,forest", help="comma-separated context kinds: flat, forest")
+    p.add_argument("--reader", required=True, help="OpenAI-compatible base URL (http://host:port/v1) or local checkpoint")
+    p.add_argument("--reader-model", default=None, help="model name at the reader URL (default: first listed)")
+    p.add_argument("--judge", default=None, help="judge URL or checkpoint (default: the reader)")
+    p.add_argument("--judge-model", default=None)
+    p.add_argument("--selector", default=None,
+                   help="URL or checkpoint for evidence selection and relation classification (default: the reader)")
+    p.add_argument("--selector-model", default=None)
+    p.add_argument("--out", required=True, help="run directory (stage JSONL, manifest, report.json/md, LLM cache)")
+    p.add_argument("--k", type=int, default=20, help="seed messages from the dual-channel retriever")
+    p.add_argument("--top-n", type=int, default=100, help="candidates per window sent to evidence selection")
+    p.add_argument("--budget", type=int, default=8192, help="context budget B in tokens")
+    p.add_argument("--compression", default="idf", choices=["idf", "truncate"],
+                   help="idf = T-Mem span compression; truncate = the w/o-compression ablation")
+    p.add_argument("--classifier", default="llm", choices=["llm", "lexical"],
+                   help="relation classifier for structuring (lexical = named heuristic variant, no LLM)")
+    p.add_argument("--no-selection", action="store_true", help="skip evidence utility selection (R'(q) = seeds)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer counting the budget (default: the reader's if local, else whitespace words)")
+    p.add_argument("--api-key-env", default="TIDER_API_KEY", help="env var holding the API key (then OPENAI_API_KEY)")
+    p.add_argument("--structured", default="response_format", choices=["response_format", "structured_outputs", "none"],
+                   help="how JSON schemas are requested from the server")
+    p.add_argument("--no-thinking", action="store_true", help="send chat_template_kwargs enable_thinking=false (Qwen3)")
+    p.add_argument("--max-retries", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=4, help="parallel requests to a served model")
+    p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, seconds")
+    p.add_argument("--max-tokens", default=None,
+                   help="per-stage output limits, e.g. select=512,structure=512,answer=256,judge=64")
+    p.add_argument("--config", default=None, help="YAML/JSON file with RetrievalConfig fields")
+    p.add_argument("--memories", default=None, help="comma-separated memory keys (default: all)")
+    p.add_argument("--exclude-categories", default="", help="query categories to skip")
+    p.add_argument("--limit", type=int, default=None, help="first N queries (smoke runs)")
+    p.add_argument("--overwrite", action="store_true", help="discard earlier records in --out and start over")
+    p.set_defaults(func=run)
+
+
+register_qa = register
+
+
+def _client(spec, model, args, cache_path):
+    from tider.llm.client import make_client
+
+    kwargs = {"enable_thinking": False} if args.no_thinking else None
+    return make_client(spec, model=model, cache_path=cache_path, api_key_env=args.api_key_env,
+                       structured=args.structured, chat_template_kwargs=kwargs, max_retries=args.max_retries,
+                       concurrency=args.concurrency, timeout=args.timeout)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from tider.commands.eval_retrieval import load_retrieval_config
+    from tider.data import load_dataset
+    from tider.eval.qa import QAConfig, run_qa_eval
+    from tider.eval.qa_report import qa_markdown
+    from tider.forest.compress import hf_token_counter
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = str(out / "llm_cache.sqlite")
+    dataset = load_dataset(args.dataset, args.path)
+    limits = {k: int(v) for k, v in (item.split("=") for item in _csv(args.max_tokens or ""))}
+    unknown = set(limits) - {"select", "structure", "answer", "judge"}
+    if unknown:
+        raise SystemExit(f"--max-tokens: unknown stage(s) {sorted(unknown)}; known: select, structure, answer, judge")
+    config = QAConfig(
+        windows=_csv(args.windows), contexts=_csv(args.context), k=args.k, top_n=args.top_n, budget=args.budget,
+        compression=args.compression, classifier=args.classifier, selection=not args.no_selection, limit=args.limit,
+        memory_keys=_csv(args.memories) if args.memories else None, exclude_categories=_csv(args.exclude_categories),
+        retrieval=load_retrieval_config(args.config, None),
+        **{f"{k}_max_tokens": v for k, v in limits.items()},
+    )
+    reader = _client(args.reader, args.reader_model, args, cache)
+    same = lambda spec, model: (spec or args.reader) == args.reader and (model or args.reader_model) == args.reader_model
+    judge = reader if same(args.judge, args.judge_model) else _client(args.judge, args.judge_model, args, cache)
+    selector = reader if same(args.selector, args.selector_model) else _client(args.selector, args.selector_model, args, cache)
+    tokenizer = args.tokenizer or (None if args.reader.startswith(("http://", "https://")) else args.reader)
+    count = hf_token_counter(tokenizer) if tokenizer else None
+    report = run_qa_eval(dataset, config, out, reader, judge, selector, data_path=args.path, overwrite=args.overwrite,
+                         count_tokens=count, tokenizer_name=tokenizer or "whitespace")
+    console = Console()
+    console.print(qa_markdown(report))
+    usage = {"reader/selector": reader.usage_by_stage()}
+    if judge is not reader:
+        usage["judge"] = judge.usage_by_stage()
+    console.print(f"LLM tokens spent in this process (cached calls cost 0): {usage}")
+    console.print(f"leak checks: {report['leak_checks']} prompts, leaks: {report['leaks']}; report: {out / 'report.md'}")
+    return 0
