@@ -76,6 +76,9 @@ class RetrievalConfig:
     temporal: bool = True  # False: every query takes the semantic-only path
     # Indexes
     embedding_model: str | None = None  # None: the offline all-MiniLM-L6-v2 package
+    # What the dense index embeds per message. With the speaker name, MiniLM recall@20 on
+    # LoCoMo dev goes 0.355 -> 0.504 (questions name people; measured, see README).
+    embed_template: str = "{speaker}: {text}"
     embedding_cache_dir: str | None = None  # None: $TIDER_CACHE or .cache/tider/embeddings
     faiss_index: Literal["flat", "hnsw", "ivf"] = "flat"
     bm25_backend: Literal["bm25s", "rank_bm25"] = "bm25s"

@@ -38,6 +38,13 @@ def text_hash(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()
 
 
+def render_message(message, template: str = "{speaker}: {text}") -> str:
+    """The text embedded for a message: ``template`` over its fields (text, speaker, ...)."""
+    from dataclasses import fields
+
+    return template.format(**{f.name: getattr(message, f.name) for f in fields(message)})
+
+
 class Embedder:
     """Encode texts to L2-normalised float32 vectors, caching every vector on disk."""
 

@@ -19,7 +19,7 @@ from tider.eval.scoring import evidence_coverage
 from tider.retrieval.bm25 import BM25Index
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.dense import DenseIndex
-from tider.retrieval.embed import Embedder
+from tider.retrieval.embed import Embedder, render_message
 from tider.retrieval.retriever import DualChannelRetriever
 from tider.retrieval.timeline import Timeline, build_timeline
 from tider.types import Dataset, Memory, Query, WindowPrediction
@@ -51,7 +51,7 @@ class RetrievalStore:
                 raise KeyError(f"memory {memory_key!r} not in dataset {self.dataset.name!r}")
             memory = self.dataset.memories[memory_key]
             cfg = self.config
-            emb = self.embedder.encode([m.text for m in memory])
+            emb = self.embedder.encode([render_message(m, cfg.embed_template) for m in memory])
             timeline = build_timeline(memory, self.embedder, cfg.timeline, embeddings=emb)
             bm25 = BM25Index.from_messages(memory.messages, cfg.metadata_fields, cfg.bm25_backend, cfg.bm25_method)
             dense = DenseIndex(emb, kind=cfg.faiss_index)
