@@ -1,0 +1,118 @@
+"""QA pipeline on a synthetic slice with the real local transformers reader (tiny random
+Qwen3): completes with typed failures, resumes without lost/duplicated records, and the
+gold-leakage validator fails a run that plants a gold answer in a prompt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tider.eval import qa as qa_module
+from tider.eval.leakage import GoldLeakError, LeakageValidator, checkable_answer
+from tider.eval.qa import QAConfig, run_qa_eval
+from tider.eval.runner import read_records
+from tider.types import Gold, Memory, Message, Query
+
+
+@pytest.fixture(scope="module")
+def synth():
+    from tider.data.synth import default_dataset
+
+    return default_dataset()
+
+
+@pytest.fixture(scope="module")
+def tiny_client(tiny_qwen3_dir):
+    from tider.llm.backends import LocalHFBackend
+    from tider.llm.client import LLMClient
+
+    backend = LocalHFBackend(str(tiny_qwen3_dir), chat_template_kwargs={"enable_thinking": False})
+    return LLMClient(backend, max_retries=1, backoff=0)
+
+
+def _config(synth, **kw):
+    # Queries with gold windows, so the oracle source exercises evidence selection.
+    first = next(iter(synth.memories))
+    base = dict(windows=("oracle",), contexts=("flat", "forest"), k=6, top_n=8, budget=80, classifier="lexical",
+                limit=3, memory_keys=[first], select_max_tokens=12, answer_max_tokens=6, judge_max_tokens=4)
+    base.update(kw)
+    return QAConfig(**base)
+
+
+def _lines(path):
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+
+
+def test_qa_run_completes_and_resumes(synth, tiny_client, tmp_path):
+    cfg = _config(synth)
+    report = run_qa_eval(synth, cfg, tmp_path, tiny_client, tiny_client, progress=False)
+    run = report["runs"]["oracle/forest"]
+    assert run["n"] == 3 and report["leaks"] == 0 and report["leak_checks"] > 0
+    assert run["errors"]["select_calls_failed"] > 0  # random weights -> typed parse failures, counted
+    assert run["llm_tokens"]["select"]["prompt_tokens"] > 0
+    assert report["runs"]["oracle/flat"]["context_tokens_mean"] <= cfg.budget
+    # Resume: a second run redoes nothing.
+    sizes = {p.name: len(_lines(p)) for p in tmp_path.glob("*.jsonl")}
+    again = run_qa_eval(synth, cfg, tmp_path, tiny_client, tiny_client, progress=False)
+    assert {p.name: len(_lines(p)) for p in tmp_path.glob("*.jsonl")} == sizes
+    assert again["runs"] == report["runs"]
+    # A run killed mid-write (torn last line): the record is redone exactly once.
+    answers = tmp_path / "answer-oracle-forest.jsonl"
+    text = answers.read_text().splitlines(keepends=True)
+    answers.write_text("".join(text[:-1]) + text[-1][:15])
+    (tmp_path / "judge-oracle-forest.jsonl").write_text("")
+    resumed = run_qa_eval(synth, cfg, tmp_path, tiny_client, tiny_client, progress=False)
+    latest = read_records(answers)
+    assert len(latest) == 3 and len(read_records(tmp_path / "judge-oracle-forest.jsonl")) == 3
+    assert resumed["runs"]["oracle/forest"]["n"] == 3
+
+
+def test_planted_gold_answer_fails_the_run(synth, tiny_client, tmp_path, monkeypatch):
+    cfg = _config(synth, contexts=("flat",), limit=2, selection=False)
+    gold = {q.key: q.gold.answer for q in synth.queries}
+    by_text = {q.text: q.key for q in synth.queries}
+    original = qa_module.reader_messages
+
+    def leaky_reader_messages(kind, question, user, context):
+        # A bug that puts the gold answer into the instructions.
+        messages = original(kind, question, user, context)
+        messages[0]["content"] += f" Hint: {gold[by_text[question]]}"
+        return messages
+
+    monkeypatch.setattr(qa_module, "reader_messages", leaky_reader_messages)
+    with pytest.raises(GoldLeakError, match="gold_answer_in_prompt"):
+        run_qa_eval(synth, cfg, tmp_path, tiny_client, tiny_client, progress=False)
+    assert json.loads((tmp_path / "leaks.json").read_text())
+
+
+def _query(answer, evidence=(), text="Where did Caroline move?", user="Mel"):
+    return Query("q1", "m", text, None, user=user, gold=Gold(answer=answer, evidence_ids=tuple(evidence)))
+
+
+def test_validator_rules():
+    from datetime import datetime
+
+    memory = Memory("m", [Message(0, "a", "Caroline moved to Sweden in spring 2022 for a new job.", datetime(2022, 3, 1),
+                                  "Caroline", "s")])
+    v = LeakageValidator({"m": memory})
+    ctx = "[1] Caroline moved to Sweden in spring 2022 for a new job."
+    msgs = lambda extra="": [{"role": "system", "content": "Answer concisely." + extra},
+                             {"role": "user", "content": "Question: Where did Caroline move?\n" + ctx}]
+    # gold evidence / answer inside the retrieved context is fine
+    assert v.check_prompt(_query("Sweden", [0]), "answer", msgs(), allowed_parts=[ctx], context_ids=[0],
+                          produced_ids=[0, 3]) == []
+    # the answer in the instructions is a leak; gold evidence text too
+    assert v.check_prompt(_query("Sweden"), "answer", msgs(" Sweden."), allowed_parts=[ctx])[0].kind == "gold_answer_in_prompt"
+    leaks = v.check_prompt(_query("x", [0]), "answer", msgs(" " + memory[0].text), allowed_parts=[ctx])
+    assert [l.kind for l in leaks] == ["gold_evidence_in_prompt"]
+    # context built from ids retrieval never produced
+    leaks = v.check_prompt(_query("Sweden"), "answer", msgs(), allowed_parts=[ctx], context_ids=[0], produced_ids=[5])
+    assert [l.kind for l in leaks] == ["context_not_from_retrieval"]
+    # an answer that the question itself contains, or that the asking user is, is not a leak
+    assert v.check_prompt(_query("Mel", text="Did Mel or Caroline move?"), "answer", msgs(), allowed_parts=[ctx]) == []
+    # short / generic answers are not checkable (noise), a word inside another word does not match
+    assert checkable_answer("Yes") is None and checkable_answer("3") is None and checkable_answer("12") == "12"
+    assert v.check_prompt(_query("con"), "answer", msgs(" concise"), allowed_parts=[ctx]) == []
+    with pytest.raises(GoldLeakError):
+        v.raise_if_leaks()
