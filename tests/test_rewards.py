@@ -1,0 +1,163 @@
+"""GRPO rewards: hand-computed values, malformed completions, registry behaviour, and the
+retrieval-backed rewards against the real RetrievalStore."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tider.train import rewards as R
+from tider.train.rewards import RewardContext, make_rewards, proximity_score, token_f1
+
+GOOD = '{"temporal": true, "windows": [{"start": "2023-05-01", "end": "2023-05-03"}]}'
+NO_TIME = '{"temporal": false, "windows": []}'
+BAD_DATE = '{"temporal": true, "windows": [{"start": "2023-13-01", "end": "2023-05-03"}]}'
+GARBAGE = "the window is early may"
+
+
+def _conv(text):  # TRL's conversational completion
+    return [{"role": "assistant", "content": text}]
+
+
+def _call(names, completions, gold_windows, gold_temporal, ctx=None, **extra):
+    logged, extras = {}, {}
+    fns = make_rewards(names, ctx or RewardContext())
+    n = len(completions)
+    columns = dict(gold_windows=gold_windows, gold_temporal=gold_temporal, granularity=["day"] * n, **extra)
+    out = {}
+    for f in fns:
+        out[f.__name__] = f(prompts=[[]] * n, completions=[_conv(c) for c in completions], completion_ids=[[1]] * n,
+                            trainer_state=None, log_metric=logged.__setitem__,
+                            log_extra=lambda col, vals: extras.setdefault(col, []).extend(vals), **columns)
+    return out, logged, extras
+
+
+def test_hand_computed_values_and_malformed_completions():
+    gold = [["2023-05-02", "2023-05-05"]]
+    out, logged, extras = _call(
+        ["format", "switch", "window_iou", "proximity"],
+        [GOOD, NO_TIME, BAD_DATE, GARBAGE, NO_TIME],
+        [gold, gold, gold, gold, []],
+        [True, True, True, True, False],
+    )
+    assert out["format"] == [1.0, 1.0, 0.0, 0.0, 1.0]
+    assert out["switch"] == [1.0, 0.0, 0.0, 0.0, 1.0]
+    # days {1,2,3} vs {2,3,4,5}: 2 shared of 5 covered -> 0.4; non-temporal vs gold windows -> 0;
+    # both non-temporal -> 1 (scoring.window_iou's convention).
+    assert out["window_iou"] == pytest.approx([0.4, 0.0, 0.0, 0.0, 1.0])
+    assert out["proximity"] == pytest.approx([1.0, 0.0, 0.0, 0.0, 1.0])
+    # Failure reasons counted once per batch, by the first configured reward.
+    assert logged["parse/bad_date"] == pytest.approx(0.2)
+    assert logged["parse/no_json"] == pytest.approx(0.2)
+    assert logged["parse/failure_rate"] == pytest.approx(0.4)
+    assert logged["parse/schema"] == 0.0
+    assert extras["parse_failure"] == ["", "", "bad_date", "no_json", ""]
+
+
+def test_proximity_is_smooth_across_the_window_edge():
+    from datetime import datetime
+
+    from tider.types import Window
+
+    gold = [Window(datetime(2023, 5, 1), datetime(2023, 5, 3))]
+    day = lambda d: [Window(datetime(2023, 5, d), datetime(2023, 5, d))]  # noqa: E731
+    assert proximity_score(day(3), gold, "day", 7.0) == 1.0  # inside
+    assert proximity_score(day(4), gold, "day", 7.0) == 1.0  # touching the last gold day
+    # 05-10 starts 6 whole days after the gold ends (05-04 .. 05-09 in between).
+    assert proximity_score(day(10), gold, "day", 7.0) == pytest.approx(2 / (1 + math.exp(6 / 7)))
+    values = [proximity_score(day(d), gold, "day", 7.0) for d in range(4, 30)]
+    assert all(a >= b for a, b in zip(values, values[1:])) and values[-1] > 0
+    # two predicted windows, one on gold, one far: the far one halves its side only
+    two = day(2) + day(31)
+    expected = 0.5 * (1.0 + 0.5 * (1.0 + 2 / (1 + math.exp(27 / 7))))
+    assert proximity_score(two, gold, "day", 7.0) == pytest.approx(expected)
+
+
+def test_registry_names_duplicates_and_unknown():
+    fns = make_rewards(["window_iou", "format"])
+    assert [f.__name__ for f in fns] == ["window_iou", "format"]
+    from trl.trainer.utils import get_callable_name
+
+    assert get_callable_name(fns[0]) == "window_iou"  # what TRL logs as rewards/<name>/mean
+    with pytest.raises(ValueError, match="known rewards: .*format"):
+        make_rewards(["format", "iou"])
+    with pytest.raises(ValueError, match="already registered"):
+        R.register_reward("format")(lambda completions, **kw: [])
+    with pytest.raises(ValueError, match="repeat"):
+        make_rewards(["format", "format"])
+
+
+def test_token_f1():
+    assert token_f1("Madrid and Prague", "madrid; prague") == 1.0
+    assert token_f1("madrid", "madrid; prague") == pytest.approx(2 * 1 * 0.5 / 1.5)
+    assert token_f1("oslo", "madrid") == 0.0
+
+
+@pytest.fixture(scope="module")
+def small_world():
+    from tider.data.synth import generate
+    from tider.retrieval.store import RetrievalStore
+
+    ds = generate(400, seed=3, n_conversations=2)
+    return ds, RetrievalStore(ds)
+
+
+def _gold_json(q, g="day"):
+    from tider.types import WindowPrediction, format_time
+
+    windows = [[format_time(w.start, g), format_time(w.end, g)] for w in q.gold.windows] if q.gold.temporal else []
+    pred = WindowPrediction(q.gold.temporal, tuple(q.gold.windows) if q.gold.temporal else ())
+    return json.dumps(pred.to_json(g)), windows
+
+
+def test_evidence_coverage_and_answer_span_use_the_real_store(small_world):
+    from tider.types import NON_TEMPORAL, WindowPrediction
+
+    ds, store = small_world
+    queries = [q for q in ds.queries if q.gold.temporal and q.gold.evidence_ids][:6]
+    completions, golds = zip(*(_gold_json(q) for q in queries))
+    completions = list(completions) + [GARBAGE, NO_TIME]
+    qs = queries + queries[:2]
+    ctx = RewardContext(dataset=ds, store=store, k=20)
+    out, logged, _ = _call(
+        ["evidence_coverage", "answer_span"], completions, [list(g) for g in golds] + [list(golds[0]), list(golds[1])],
+        [True] * len(qs), ctx=ctx, query_key=[q.key for q in qs], memory_key=[q.memory_key for q in qs],
+        evidence_ids=[list(q.gold.evidence_ids) for q in qs], answer=[q.gold.answer for q in qs],
+    )
+    for q, value in zip(queries, out["evidence_coverage"]):
+        oracle = WindowPrediction(True, tuple(q.gold.windows))
+        assert value == pytest.approx(store.coverage(q.public(), oracle, 20, gold_ids=q.gold.evidence_ids))
+    assert out["evidence_coverage"][-2] == 0.0  # malformed -> 0
+    semantic = store.coverage(qs[-1].public(), NON_TEMPORAL, 20, gold_ids=qs[-1].gold.evidence_ids)
+    assert out["evidence_coverage"][-1] == pytest.approx(semantic)
+    assert logged["parse/no_json"] == pytest.approx(1 / len(qs))
+    # answer_span: when the oracle retrieves all evidence and the evidence text holds every
+    # answer token, the proxy must be 1.
+    for q, cov, span in zip(queries, out["evidence_coverage"], out["answer_span"]):
+        memory = ds.memories[q.memory_key]
+        evidence_tokens = set(R._tokens(" ".join(memory[i].text for i in q.gold.evidence_ids)))
+        assert 0.0 <= span <= 1.0
+        if cov == 1.0 and set(R._tokens(q.gold.answer)) <= evidence_tokens:
+            assert span == 1.0
+    assert out["answer_span"][-2] == 0.0
+
+
+def test_answer_correct_memoizes_reader_calls(small_world, tiny_qwen3_dir):
+    from tider.llm.backends import LocalHFBackend
+    from tider.llm.client import LLMClient
+
+    ds, store = small_world
+    reader = LLMClient(LocalHFBackend(str(tiny_qwen3_dir)), max_retries=0, default_max_tokens=8)
+    ctx = RewardContext(dataset=ds, store=store, reader=reader)
+    q = next(q for q in ds.queries if q.gold.temporal and q.gold.answer)
+    text, gold = _gold_json(q)
+    args = dict(query_key=[q.key] * 3, memory_key=[q.memory_key] * 3, evidence_ids=[list(q.gold.evidence_ids)] * 3,
+                answer=[q.gold.answer] * 3)
+    out, _, _ = _call(["answer_correct"], [text, text, GARBAGE], [gold] * 3, [True] * 3, ctx=ctx, **args)
+    assert out["answer_correct"][2] == 0.0 and all(0.0 <= v <= 1.0 for v in out["answer_correct"])
+    assert out["answer_correct"][0] == out["answer_correct"][1]
+    assert reader.usage_by_stage()["reward_reader"]["calls"] == 1  # same (query, retrieved ids): one call
+    with pytest.raises(ValueError, match="answer_span"):
+        _call(["answer_correct"], [text], [gold], [True], ctx=RewardContext(dataset=ds, store=store), **{k: v[:1] for k, v in args.items()})
