@@ -1,0 +1,80 @@
+"""Every recipe parses through TRL's own parser into SFTConfig/GRPOConfig + ModelConfig +
+tider's script arguments, unknown keys fail, and the GRPO batch rule holds for the
+accelerate configs' world sizes. No GPU needed: `--use_cpu true` only lifts the bf16 check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tider.train.config import GRPOScriptArguments, LocatorScriptArguments, check_generation_batch, parse_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "configs").glob("sft/*.yaml")) + sorted((ROOT / "configs").glob("grpo/*.yaml"))
+ACCELERATE = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
+
+
+def _stage(path: Path) -> str:
+    return path.parent.name
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_recipe_parses_into_trl_configs(recipe):
+    from trl import GRPOConfig, ModelConfig, SFTConfig
+
+    script, training, model = parse_recipe(_stage(recipe), ["--config", str(recipe), "--use_cpu", "true"])
+    raw = yaml.safe_load(recipe.read_text())
+    assert isinstance(model, ModelConfig) and model.model_name_or_path == raw["model_name_or_path"]
+    assert training.output_dir == raw["output_dir"]
+    if _stage(recipe) == "sft":
+        assert isinstance(training, SFTConfig) and type(script) is LocatorScriptArguments
+    else:
+        assert isinstance(training, GRPOConfig) and isinstance(script, GRPOScriptArguments)
+        assert training.generation_batch_size % training.num_generations == 0
+        assert len(training.reward_weights) == len(script.reward_funcs)
+        for world in {1} | {yaml.safe_load(a.read_text())["num_processes"] for a in ACCELERATE}:
+            assert check_generation_batch(training, world) % training.num_generations == 0
+        from tider.train.rewards import known_rewards
+
+        assert set(script.reward_funcs) <= set(known_rewards())
+
+
+def test_production_grpo_follows_tider_table_7():
+    _, t, _ = parse_recipe("grpo", ["--config", str(ROOT / "configs/grpo/qwen3-1.7b.yaml"), "--use_cpu", "true"])
+    assert (t.beta, t.num_generations, t.temperature, t.learning_rate) == (0.1, 8, 0.7, 5e-6)
+    assert t.lr_scheduler_type == "cosine" and t.warmup_steps == 0.1
+    assert t.use_vllm and t.vllm_mode == "colocate" and t.bf16
+    assert t.chat_template_kwargs == {"enable_thinking": False} and t.log_completions
+    _, m, _ = parse_recipe("grpo", ["--config", str(ROOT / "configs/grpo/qwen3-1.7b-multinode.yaml"), "--use_cpu", "true"])
+    assert m.vllm_mode == "server"
+
+
+def test_unknown_recipe_keys_fail(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((ROOT / "configs/grpo/tiny-cpu.yaml").read_text() + "\nnot_a_field: 3\n")
+    with pytest.raises(ValueError, match="not_a_field"):
+        parse_recipe("grpo", ["--config", str(bad)])
+    # a GRPO-only key is unknown to the SFT parser
+    sft_bad = tmp_path / "sft_bad.yaml"
+    sft_bad.write_text((ROOT / "configs/sft/tiny-cpu.yaml").read_text() + "\nreward_funcs: [format]\n")
+    with pytest.raises(ValueError, match="reward_funcs"):
+        parse_recipe("sft", ["--config", str(sft_bad)])
+    with pytest.raises(ValueError, match="known stages"):
+        parse_recipe("ppo", [])
+
+
+def test_batch_rule_rejects_partial_groups():
+    _, t, _ = parse_recipe("grpo", ["--config", str(ROOT / "configs/grpo/tiny-cpu.yaml")])
+    t.per_device_train_batch_size, t.gradient_accumulation_steps, t.steps_per_generation = 3, 1, None
+    with pytest.raises(ValueError, match="num_generations"):
+        check_generation_batch(t, 1)
+
+
+def test_cli_registers_training_commands():
+    from tider.cli import build_parser
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(["grpo", "--config", "x.yaml", "--max_steps", "3"])
+    assert args.stage == "grpo" and args.passthrough and extra == ["--max_steps", "3"]
