@@ -186,19 +186,27 @@ def check_served_locator(url: str, *, model: Optional[str] = None, api_key: Opti
 
 def make_endpoint_locator(url: str, *, model: Optional[str] = None, api_key: Optional[str] = None,
                           structured: str = "response_format", cache_path: Optional[str] = None,
-                          top_k: int = DEFAULT_TOP_K, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+                          top_k: Optional[int] = None, max_prompt_tokens: Optional[int] = None,
                           concurrency: int = 4) -> ChatWindowSource:
-    """The trained locator behind an OpenAI-compatible endpoint, as a window source."""
+    """The trained locator behind an OpenAI-compatible endpoint, as a window source.
+
+    ``top_k`` / ``max_prompt_tokens`` default to the export's ``tider_locator.json``
+    (the training prompt), else to the prompt module's defaults.
+    """
     name, meta, root = check_served_locator(url, model=model, api_key=api_key)
     tokenizer = None
     if root is not None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(root)  # same prompt truncation as in training
+    meta = meta or {}
     client = endpoint_client(url, model=name, api_key=api_key, structured=structured, cache_path=cache_path,
-                             concurrency=concurrency)
-    return ChatWindowSource(client, name="locator", tokenizer=tokenizer, top_k=top_k,
-                            max_prompt_tokens=max_prompt_tokens, granularity=(meta or {}).get("granularity"))
+                             concurrency=concurrency, chat_template_kwargs=meta.get("chat_template_kwargs", NO_THINKING))
+    # The prompt settings the model was trained with win over the defaults.
+    return ChatWindowSource(client, name="locator", tokenizer=tokenizer,
+                            top_k=top_k or meta.get("timeline_top_k") or DEFAULT_TOP_K,
+                            max_prompt_tokens=max_prompt_tokens or meta.get("max_prompt_tokens") or DEFAULT_MAX_PROMPT_TOKENS,
+                            granularity=meta.get("granularity"))
 
 
 @register_source("prompted")

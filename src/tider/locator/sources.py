@@ -96,13 +96,19 @@ def make_source(name: str, **kwargs) -> WindowSource:
 
 def make_source_from_context(name: str, context: Mapping[str, object], **kwargs) -> WindowSource:
     """Like ``make_source`` but also passes the entries of ``context`` (e.g. ``store``,
-    ``gold_by_key``) that the factory's signature names; used by the evaluation runner,
-    which does not know what each source needs."""
+    ``gold_by_key``) that the factory's signature names, plus
+    ``context["source_options"][name]`` (e.g. ``{"locator": {"url": URL}}``); used by the
+    evaluation runners, which do not know what each source needs."""
     factory = _factory(name)
     params = inspect.signature(factory).parameters
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    extra = {k: v for k, v in context.items() if takes_any or k in params}
-    return factory(**extra, **kwargs)
+    # Only parameters the factory names: a ``**kwargs`` factory (``dbscan``, ``locator``)
+    # forwards its kwargs to a config or another builder, which would reject context
+    # entries such as ``gold_by_key``.
+    # Per-source options from the command line (``--locator-url`` -> {"locator": {"url": ...}})
+    # travel in the context too, so every runner configures sources the same way.
+    options = {**dict(context.get("source_options", {}).get(name, {})), **kwargs}
+    extra = {k: v for k, v in context.items() if k in params and k not in options}
+    return factory(**extra, **options)
 
 
 def ensure_not_evaluation_only(source: object) -> None:

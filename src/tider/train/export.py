@@ -242,7 +242,10 @@ def build_metadata(training: dict, *, granularity: Optional[str], data_hash: Opt
         raise ExportError(
             f"{checkpoint}: granularity unknown (no {METADATA_FILE} from training); pass --granularity day|minute"
         )
+    # Training's prompt settings (timeline_top_k, max_prompt_tokens, dataset, split seed)
+    # travel with the export: the serving side must rebuild exactly the training prompt.
     return {
+        **training,
         "format": METADATA_FORMAT,
         "prompt_version": prompt_version,
         "output_schema": schema,
