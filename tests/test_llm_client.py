@@ -91,3 +91,11 @@ def test_server_command_assembly():
                                max_model_len=2048, extra_args=("--tensor-parallel-size", "2"))
     assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[cmd.index("--served-model-name") + 1] == "x" and cmd[-2:] == ["--tensor-parallel-size", "2"]
+
+
+def test_plain_text_check_is_retried():
+    backend = ScriptedBackend(["I think so", "Final: Correct"])
+    client = LLMClient(backend, max_retries=2, backoff=0)
+    check = lambda text: None if "Final:" in text else "no_verdict"
+    result = client.chat([{"role": "user", "content": "judge"}], stage="judge", check=check)
+    assert result.ok and result.text == "Final: Correct" and result.attempts == 2

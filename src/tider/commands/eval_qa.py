@@ -43,6 +43,9 @@ def register(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, seconds")
     p.add_argument("--max-tokens", default=None,
                    help="per-stage output limits, e.g. select=512,structure=512,answer=256,judge=64")
+    p.add_argument("--answer-temperature", type=float, default=0.0, help="reader sampling temperature (0 = greedy)")
+    p.add_argument("--judge-temperature", type=float, default=0.0, help="judge sampling temperature (0 = greedy)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed sent with every request")
     p.add_argument("--config", default=None, help="YAML/JSON file with RetrievalConfig fields")
     p.add_argument("--memories", default=None, help="comma-separated memory keys (default: all)")
     p.add_argument("--exclude-categories", default="", help="query categories to skip")
@@ -86,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         windows=_csv(args.windows), contexts=_csv(args.context), k=args.k, top_n=args.top_n, budget=args.budget,
         compression=args.compression, classifier=args.classifier, selection=not args.no_selection, limit=args.limit,
         memory_keys=_csv(args.memories) if args.memories else None, exclude_categories=_csv(args.exclude_categories),
-        retrieval=load_retrieval_config(args.config, None),
+        retrieval=load_retrieval_config(args.config, None), answer_temperature=args.answer_temperature,
+        judge_temperature=args.judge_temperature, seed=args.seed,
         **{f"{k}_max_tokens": v for k, v in limits.items()},
     )
     reader = _client(args.reader, args.reader_model, args, cache)

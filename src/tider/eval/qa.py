@@ -61,6 +61,9 @@ class QAConfig:
     structure_max_tokens: int = 512
     answer_max_tokens: int = 256
     judge_max_tokens: int = 64
+    answer_temperature: float = 0.0  # selection and structuring are always greedy
+    judge_temperature: float = 0.0
+    seed: int = 0
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
 
     def __post_init__(self):
@@ -190,18 +193,26 @@ class QARun:
             ids = selected[query.key]["ids"]
             if c == "flat":
                 text = truncate_to_budget(render_flat([memory[i] for i in ids], g), budget, self.count_tokens)
-                return {"context": text, "context_ids": ids, "tokens": self.count_tokens(text), "over_budget": False}
+                kept = ids[: len(text.splitlines())] if text else []
+                return {"context": text, "context_ids": kept, "tokens": self.count_tokens(text), "over_budget": False}
             structured = self.records[f"structure-{w}"][query.key]["forest"]
             forest = Forest.from_json(structured, {i: memory[i] for i in ids})
             if self.config.compression == "truncate":
                 text = truncate_to_budget(render_forest(forest_rows(forest, g)), budget, self.count_tokens)
                 return {"context": text, "context_ids": ids, "tokens": self.count_tokens(text), "over_budget": False}
-            comp = compress_forest(forest, query.public().text, self.idf[query.memory_key], budget, self.count_tokens)
+            # B bounds the serialized forest: the per-node metadata (index, parent, relation,
+            # depth, time, author) comes off the budget before the spans share the rest.
+            skeleton = forest_rows(forest, g)
+            for row in skeleton:
+                row.text = ""
+            overhead = self.count_tokens(render_forest(skeleton))
+            comp = compress_forest(forest, query.public().text, self.idf[query.memory_key], max(0, budget - overhead),
+                                   self.count_tokens)
             rows = forest_rows(forest, g, comp)
             text = render_forest(rows)
             return {"context": text, "context_ids": [r.message_id for r in rows], "rows": rows_to_json(rows),
                     "tokens": self.count_tokens(text), "span_tokens": comp.retained_tokens(),
-                    "over_budget": comp.over_budget, "omitted_spans": comp.omitted}
+                    "metadata_tokens": overhead, "over_budget": comp.over_budget, "omitted_spans": comp.omitted}
 
         return Stage(f"compress-{w}-{c}", run)
 
@@ -216,7 +227,8 @@ class QARun:
                                         template_text=READER_SYSTEM[c])
 
             def call() -> dict:
-                result = self.reader.chat(messages, stage="answer", max_tokens=self.config.answer_max_tokens)
+                result = self.reader.chat(messages, stage="answer", max_tokens=self.config.answer_max_tokens,
+                                          temperature=self.config.answer_temperature, seed=self.config.seed)
                 return {"answer": result.text.strip(), "error": result.error}
 
             return _spent(self.reader, "answer", call)
@@ -238,9 +250,11 @@ class QARun:
 
             def call() -> dict:
                 result = self.judge.chat(judge_messages(query.text, gold_answer, rec["answer"]), stage="judge",
-                                         max_tokens=self.config.judge_max_tokens)
+                                         max_tokens=self.config.judge_max_tokens,
+                                         temperature=self.config.judge_temperature, seed=self.config.seed,
+                                         check=lambda text: None if parse_verdict(text) is not None else "no_verdict")
                 verdict = parse_verdict(result.text) if result.error is None else None
-                error = result.error or (None if verdict is not None else "no_verdict")
+                error = result.error
                 return {**base, "correct": bool(verdict), "verdict": verdict, "error": error}
 
             return _spent(self.judge, "judge", call)

@@ -17,7 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from tqdm.auto import tqdm
 
@@ -107,12 +107,12 @@ class LLMClient:
             return None
         return LLMResult(text=hit["text"], parsed_json=hit.get("parsed_json"), usage=hit["usage"], cached=True)
 
-    def _finish(self, completion: Completion, json_schema: Optional[dict]) -> LLMResult:
+    def _finish(self, completion: Completion, json_schema: Optional[dict], check=None) -> LLMResult:
         usage = {"prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens}
         if not completion.text.strip():
             return LLMResult(text=completion.text, usage=usage, error="empty_output")
         if json_schema is None:
-            return LLMResult(text=completion.text, usage=usage)
+            return LLMResult(text=completion.text, usage=usage, error=check(completion.text) if check else None)
         parsed, reason = parse_json_object(completion.text, json_schema)
         return LLMResult(text=completion.text, parsed_json=parsed, usage=usage, error=reason)
 
@@ -125,19 +125,22 @@ class LLMClient:
         max_tokens: Optional[int] = None,
         temperature: float = 0.0,
         seed: Optional[int] = None,
+        check: Optional[Callable[[str], Optional[str]]] = None,
         _first: Optional[Completion] = None,
     ) -> LLMResult:
+        """``check(text)`` (plain-text calls) returns a failure reason for malformed output,
+        e.g. a judge reply without a verdict: it is retried like malformed JSON."""
         settings = dict(max_tokens=max_tokens or self.default_max_tokens, temperature=temperature, seed=seed)
         key = self._key(messages, {**settings, "json_schema": json_schema})
         result = self._from_cache(key)
         if result is None:
-            result = self._call_with_retries(messages, settings, json_schema, stage, _first)
+            result = self._call_with_retries(messages, settings, json_schema, stage, _first, check)
             if result.error is None and self.cache is not None:
                 self.cache.put(key, {"text": result.text, "parsed_json": result.parsed_json, "usage": result.usage})
         self._account(stage, result)
         return result
 
-    def _call_with_retries(self, messages, settings, json_schema, stage, first) -> LLMResult:
+    def _call_with_retries(self, messages, settings, json_schema, stage, first, check=None) -> LLMResult:
         spent = {"prompt_tokens": 0, "completion_tokens": 0}
         result = LLMResult(text="", error="not_called")
         for attempt in range(self.max_retries + 1):
@@ -157,7 +160,7 @@ class LLMClient:
                 result = LLMResult(text="", error=f"request_failed: {type(exc).__name__}: {str(exc)[:200]}")
                 result.attempts = attempt + 1
                 continue
-            result = self._finish(completion, json_schema)
+            result = self._finish(completion, json_schema, check)
             spent = {k: spent[k] + result.usage[k] for k in spent}
             result.attempts = attempt + 1
             if result.error is None:
