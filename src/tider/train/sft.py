@@ -40,6 +40,7 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
     )
     trainer.train(resume_from_checkpoint=resume_arg(training_args))
     trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json (log history) next to the final weights
     tokenizer.save_pretrained(training_args.output_dir)
     write_locator_meta(training_args.output_dir, script_args, dataset,
                        train_query_keys=[q.key for q in splits["train"]])
