@@ -169,10 +169,10 @@ def markdown(results: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/bench_learning")
-    ap.add_argument("--sft-steps", type=int, default=300)
-    ap.add_argument("--grpo-steps", type=int, default=80)
+    ap.add_argument("--sft-steps", type=int, default=250)
+    ap.add_argument("--grpo-steps", type=int, default=60)
     ap.add_argument("--grpo-batch", type=int, default=16, help="completions per step (num_generations=8 each prompt)")
-    ap.add_argument("--synthetic-messages", type=int, default=None, help="smaller benchmark for a smoke run")
+    ap.add_argument("--synthetic-messages", type=int, default=6400, help="6400 x 16 = the default benchmark; less for a smoke run")
     ap.add_argument("--synthetic-conversations", type=int, default=16)
     ap.add_argument("--max-test-queries", type=int, default=None)
     args = ap.parse_args(argv)
@@ -184,9 +184,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base, sft_dir, grpo_dir = out / "base", out / "sft", out / "grpo"
-    data = ["--report_to", "none", "--save_strategy", "no"]
-    if args.synthetic_messages:
-        data += ["--synthetic_messages", str(args.synthetic_messages), "--synthetic_conversations", str(args.synthetic_conversations)]
+    data = ["--report_to", "none", "--save_strategy", "no",
+            "--synthetic_messages", str(args.synthetic_messages), "--synthetic_conversations", str(args.synthetic_conversations)]
     timings = {}
 
     from tider.train.grpo import run_grpo
