@@ -34,6 +34,8 @@ class RetrievalEvalConfig:
     limit: int | None = None  # first N eligible queries (smoke runs)
     mcnemar_k: int = 20
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    # Options of model-backed sources, e.g. {"locator": {"url": ...}} (tider.commands.window_options).
+    source_options: dict = field(default_factory=dict)
 
 
 def eligible_queries(dataset: Dataset, exclude: Sequence[str] = DEFAULT_EXCLUDE, memory_keys=None,
@@ -90,12 +92,13 @@ def run_retrieval_eval(dataset: Dataset, config: RetrievalEvalConfig, out_dir: s
         "n_queries": len(queries),
         "config": {"methods": list(config.methods), "ks": list(config.ks), "exclude": list(config.exclude_categories),
                    "memory_keys": config.memory_keys and list(config.memory_keys), "limit": config.limit,
+                   "source_options": config.source_options,
                    "retrieval": config.retrieval.to_json()},
     }
     runner = StageRunner(out_dir, manifest, overwrite=overwrite)
     store = RetrievalStore(dataset, config.retrieval)
     store.prepare(queries)
-    context = {"store": store, "gold_by_key": gold_predictions(queries)}
+    context = {"store": store, "gold_by_key": gold_predictions(queries), "source_options": config.source_options}
     records = {}
     for method in config.methods:
         stage = make_stage(method, store, context, config.ks, dataset.granularity)
