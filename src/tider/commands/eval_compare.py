@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(rich_table(comparison))
     sections = markdown(comparison).split("\n## ", 1)  # the table above, then gap, McNemar, breakdowns
     if len(sections) == 2:
-        console.print("## " + sections[1], markup=False)
+        console.print("## " + sections[1], markup=False, soft_wrap=True)
     console.print(f"report: {Path(args.out) / 'compare.md'}, plots: {Path(args.out) / 'compare.png'}, "
                   f"{Path(args.out) / 'retrieval'}/*.png")
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from tider.commands.window_options import add_window_source_options, require_options_for, window_source_options
+
 
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
@@ -26,6 +28,7 @@ def register(subparsers) -> None:
                    help="evaluate only the memories of this conversation-level split (tider.train.examples.split_keys)")
     p.add_argument("--limit", type=int, default=None, help="first N eligible queries (smoke runs)")
     p.add_argument("--overwrite", action="store_true", help="discard earlier records in --out and start over")
+    add_window_source_options(p)  # --locator-url/--locator-model/--prompted-url/--prompted-model
     p.set_defaults(func=run)
 
 
@@ -67,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
         memory_keys = split_memory_keys(memory_keys or dataset.memories, args.split)
     config = RetrievalEvalConfig(
         methods=_csv(args.windows), ks=[int(k) for k in _csv(args.k)], exclude_categories=_csv(args.exclude_categories),
-        memory_keys=memory_keys, limit=args.limit, retrieval=load_retrieval_config(args.config, args.semantic))
+        memory_keys=memory_keys, limit=args.limit, retrieval=load_retrieval_config(args.config, args.semantic),
+        source_options=window_source_options(args))
+    require_options_for(config.methods, config.source_options)
     report = run_retrieval_eval(dataset, config, args.out, data_path=args.path, overwrite=args.overwrite)
     print(markdown(report))
     return 0

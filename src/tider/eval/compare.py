@@ -83,7 +83,8 @@ def build_comparison(retrieval_report: dict, config: CompareConfig, qa_report: O
     if qa_report is not None:
         for run in qa_report.get("runs", []):
             qa[run["window_source"]] = {"qa_accuracy": run["accuracy"], "qa_f1": run["f1"]}
-    k20 = config.mcnemar_k
+    # The main cut-off: the one the harness ran McNemar at (20 by default).
+    k20 = int(retrieval_report["mcnemar"]["metric"].split("@")[-1])
     table = {}
     for m, row in methods.items():
         table[m] = {**{f"recall@{k}": row[f"recall@{k}"] for k in ks},
@@ -96,6 +97,7 @@ def build_comparison(retrieval_report: dict, config: CompareConfig, qa_report: O
         "dataset": retrieval_report.get("dataset"),
         "n_queries": retrieval_report.get("n_queries"),
         "ks": ks,
+        "k_main": k20,
         "methods": list(methods),
         "table": table,
         "by_category": per("by_category"),
@@ -112,7 +114,7 @@ def _f(x) -> str:
 
 
 def table_columns(comparison: dict) -> list[str]:
-    k20 = comparison["mcnemar"]["metric"].split("@")[-1]
+    k20 = comparison["k_main"]
     cols = [f"recall@{k}" for k in comparison["ks"]] + [f"ndcg@{k20}", "mrr", "window_iou", "switch_acc"]
     if any("qa_accuracy" in row for row in comparison["table"].values()):
         cols += ["qa_accuracy", "qa_f1"]
@@ -138,7 +140,7 @@ def markdown(comparison: dict) -> str:
         lines += [f"| {x} | {v['b']} | {v['c']} | {v['p']:.3g} |" for x, v in tests.items()]
     for title, key in (("By category", "by_category"), ("By gold-window bucket", "by_bucket")):
         groups = list(dict.fromkeys(g for per in comparison[key].values() for g in per))
-        metric = f"recall@{comparison['mcnemar']['metric'].split('@')[-1]}"
+        metric = f"recall@{comparison['k_main']}"
         lines += ["", f"## {title} ({metric} / window IoU / n)", "",
                   "| method | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
         for m, per in comparison[key].items():
