@@ -1,0 +1,201 @@
+"""`tider demo`: the whole pipeline in one command, on this machine's data and hardware.
+
+    synthetic benchmark -> timeline + indexes -> SFT -> GRPO -> export -> vLLM serve
+    -> comparison report (locator vs dbscan-tuned, timeline, none, oracle)
+
+Each stage writes under ``--out`` and is skipped when its output is already there, so an
+interrupted demo resumes (``--fresh`` starts over). ``--recipe tiny-cpu`` (default) is the
+2-core CPU recipe; ``--recipe qwen3-1.7b --dataset locomo --path ...`` runs the production
+recipes on a GPU box (configs/{sft,grpo}/qwen3-1.7b.yaml). Arguments the demo does not
+know go to both TrlParser recipes (e.g. ``--tiny_hidden_size 64``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("demo", help="synthetic data -> SFT -> GRPO -> export -> vLLM -> comparison report",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", default="tiny-cpu", help="recipe name: configs/sft/NAME.yaml and configs/grpo/NAME.yaml")
+    p.add_argument("--dataset", default="synthetic", help="dataset loader (synthetic is generated into --out/data)")
+    p.add_argument("--path", default=None, help="dataset file for file-backed loaders (e.g. LoCoMo JSON)")
+    p.add_argument("--out", default="runs/demo", help="run folder")
+    p.add_argument("--synthetic-messages", type=int, default=1600, help="size of the generated synthetic benchmark")
+    p.add_argument("--synthetic-conversations", type=int, default=8)
+    p.add_argument("--sft-steps", type=int, default=None, help="override the SFT recipe's max_steps")
+    p.add_argument("--grpo-steps", type=int, default=None, help="override the GRPO recipe's max_steps")
+    p.add_argument("--export-dtype", default=None, help="default: float32 on CPU (exact vLLM parity), bfloat16 on GPU")
+    p.add_argument("--baselines", default="none,dbscan-tuned,timeline", help="learning-free window sources to compare")
+    p.add_argument("--split", default="test", choices=["train", "validation", "test", "all"],
+                   help="conversations to evaluate on (the locator trains on 'train')")
+    p.add_argument("--limit", type=int, default=None, help="first N eligible queries in the comparison")
+    p.add_argument("--no-serve", action="store_true",
+                   help="run the locator with local transformers instead of a vLLM server (no vLLM venv needed)")
+    p.add_argument("--port", type=int, default=None, help="vLLM port (default: a free one)")
+    p.add_argument("--fresh", action="store_true", help="delete --out first")
+    p.set_defaults(func=run, passthrough=True)
+
+
+def _banner(step: str, text: str) -> float:
+    print(f"\n=== [{step}] {text}", flush=True)
+    return time.monotonic()
+
+
+def _done(t0: float, times: dict, name: str) -> None:
+    times[name] = round(time.monotonic() - t0, 1)
+    print(f"--- {name}: {times[name]} s", flush=True)
+
+
+def _train(stage: str, recipe: Path, out: Path, model: str | None, data_args: list[str], steps, extra) -> None:
+    argv = [sys.executable, "-m", "tider.cli", stage, "--config", str(recipe), "--output_dir", str(out), *data_args]
+    if model:
+        argv += ["--model_name_or_path", model]
+    if steps is not None:
+        argv += ["--max_steps", str(steps)]
+    argv += list(extra)
+    print("$", " ".join(argv[2:]), flush=True)
+    subprocess.run(argv, check=True, cwd=REPO)
+
+
+def _trained(folder: Path) -> bool:
+    return (folder / "tider_locator.json").exists() and any(folder.glob("*.safetensors"))
+
+
+def run(args) -> int:
+    import yaml
+
+    from tider.data import load_dataset
+
+    extra = list(getattr(args, "extra", []) or [])
+    out = Path(args.out).resolve()
+    if args.fresh and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("WANDB_MODE", "offline")
+    sft_recipe, grpo_recipe = (REPO / f"configs/{s}/{args.recipe}.yaml" for s in ("sft", "grpo"))
+    for recipe in (sft_recipe, grpo_recipe):
+        if not recipe.exists():
+            known = sorted(p.stem for p in (REPO / "configs/sft").glob("*.yaml"))
+            raise SystemExit(f"recipe {args.recipe!r}: {recipe} not found; known recipes: {', '.join(known)}")
+    tiny = bool(yaml.safe_load(sft_recipe.read_text()).get("tiny_model"))
+    times: dict[str, float] = {}
+
+    # 1. Benchmark: the synthetic one is written to disk so training and evaluation read the same file.
+    t0 = _banner("1/7", f"dataset: {args.dataset}")
+    data_path = args.path
+    if args.dataset == "synthetic" and args.path is None:
+        data_path = str(out / "data")
+        if not (out / "data").exists():
+            from tider.data.synth import generate, write
+
+            write(generate(args.synthetic_messages, seed=0, n_conversations=args.synthetic_conversations), data_path)
+    dataset = load_dataset(args.dataset, data_path)
+    n_msgs = sum(len(m) for m in dataset.memories.values())
+    print(f"{dataset.name}: {len(dataset.memories)} memories, {n_msgs} messages, {len(dataset.queries)} queries")
+    _done(t0, times, "data")
+    data_args = ["--dataset_name", args.dataset] + (["--dataset_path", data_path] if data_path else [])
+
+    # 2. Timeline and indexes (embeddings are cached on disk; training and evaluation reuse them).
+    t0 = _banner("2/7", "timeline + BM25/faiss indexes")
+    from tider.retrieval.store import RetrievalStore
+
+    store = RetrievalStore(dataset)
+    store.prepare(dataset.queries)
+    n_entries = sum(len(store.timeline(k)) for k in dataset.memories)
+    print(f"timeline: {n_entries} event clusters over {len(dataset.memories)} memories")
+    _done(t0, times, "indexes")
+
+    # 3-4. SFT then GRPO (subprocesses: each trainer gets a clean process and frees its memory).
+    sft_dir, grpo_dir = out / "sft", out / "grpo"
+    t0 = _banner("3/7", f"SFT ({sft_recipe.relative_to(REPO)})")
+    if not _trained(sft_dir):
+        _train("sft", sft_recipe, sft_dir, str(out / "base") if tiny else None, data_args, args.sft_steps, extra)
+    _done(t0, times, "sft")
+    t0 = _banner("4/7", f"GRPO ({grpo_recipe.relative_to(REPO)})")
+    if not _trained(grpo_dir):
+        _train("grpo", grpo_recipe, grpo_dir, str(sft_dir), data_args, args.grpo_steps, extra)
+    _done(t0, times, "grpo")
+
+    # 5. Export (verified by reload: logits + greedy outputs).
+    t0 = _banner("5/7", "export")
+    from tider.train.export import export_locator
+
+    export_dir = out / "export"
+    dtype = args.export_dtype or ("float32" if _on_cpu() else "bfloat16")
+    if not (export_dir / "export_report.json").exists():
+        report = export_locator(grpo_dir, export_dir, dtype=dtype, overwrite=True)
+        if not report.greedy_identical:
+            raise SystemExit(f"export differs from the GRPO checkpoint: {report.greedy_mismatches[:1]}")
+    print(json.loads((export_dir / "export_report.json").read_text()))
+    _done(t0, times, "export")
+
+    # 6-7. Serve with vLLM and compare on held-out conversations.
+    comparison = _serve_and_compare(args, dataset, data_path, export_dir, out, dtype, times)
+    from rich.console import Console
+
+    from tider.commands.eval_compare import rich_table
+    from tider.eval.compare import markdown
+
+    console = Console()
+    console.print(rich_table(comparison))
+    sections = markdown(comparison).split("\n## ", 1)
+    if len(sections) == 2:
+        console.print("## " + sections[1], markup=False, soft_wrap=True)
+    (out / "timings.json").write_text(json.dumps(times, indent=2))
+    console.print(f"stage timings (s): {times}; total {sum(times.values()):.0f} s")
+    console.print(f"report: {out / 'compare' / 'compare.md'}; plots: {out / 'compare'}/compare.png, "
+                  f"{out / 'compare' / 'retrieval'}/*.png")
+    return 0
+
+
+def _on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _serve_and_compare(args, dataset, data_path, export_dir: Path, out: Path, dtype: str, times: dict) -> dict:
+    from contextlib import nullcontext
+
+    from tider.eval.compare import CompareConfig, run_compare
+    from tider.retrieval.config import RetrievalConfig
+    from tider.train.examples import split_keys
+
+    meta = json.loads((export_dir / "tider_locator.json").read_text())
+    memory_keys = None if args.split == "all" else split_keys(dataset.memories, seed=meta.get("split_seed", 0))[args.split]
+    t0 = _banner("6/7", "serve the export with vLLM" if not args.no_serve else "locator via local transformers")
+    if args.no_serve:
+        server, options = nullcontext(), {"locator": {"model": str(export_dir)}}
+    else:
+        from tider.commands import serve
+
+        parser = argparse.ArgumentParser()
+        serve.register(parser.add_subparsers())
+        serve_args = parser.parse_args(["serve", "--model", str(export_dir), "--dtype", dtype,
+                                        "--max-model-len", "4096", "--log", str(out / "vllm.log")])
+        serve_args.port = args.port  # None: a free port
+        server = serve.make_server(serve_args)
+        options = None
+    with server:
+        if options is None:
+            print(f"vLLM serving {export_dir} at {server.base_url} (log {out / 'vllm.log'})")
+            options = {"locator": {"url": server.base_url}}
+        _done(t0, times, "serve")
+        t0 = _banner("7/7", f"compare on the {args.split} split")
+        config = CompareConfig(baselines=[b for b in args.baselines.split(",") if b], source_options=options,
+                               memory_keys=memory_keys, limit=args.limit, retrieval=RetrievalConfig())
+        # overwrite: the locator behind the URL may be a new model (or the port a new one).
+        comparison = run_compare(dataset, config, out / "compare", data_path=data_path, overwrite=True)
+        _done(t0, times, "compare")
+    return comparison
