@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from tider.commands.window_options import add_window_source_options, require_options_for, window_source_options
+
 
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
@@ -51,6 +53,7 @@ def register(subparsers) -> None:
     p.add_argument("--exclude-categories", default="", help="query categories to skip")
     p.add_argument("--limit", type=int, default=None, help="first N queries (smoke runs)")
     p.add_argument("--overwrite", action="store_true", help="discard earlier records in --out and start over")
+    add_window_source_options(p)  # --locator-url/--locator-model/--prompted-url/--prompted-model
     p.set_defaults(func=run)
 
 
@@ -89,10 +92,11 @@ def run(args: argparse.Namespace) -> int:
         windows=_csv(args.windows), contexts=_csv(args.context), k=args.k, top_n=args.top_n, budget=args.budget,
         compression=args.compression, classifier=args.classifier, selection=not args.no_selection, limit=args.limit,
         memory_keys=_csv(args.memories) if args.memories else None, exclude_categories=_csv(args.exclude_categories),
-        retrieval=load_retrieval_config(args.config, None), answer_temperature=args.answer_temperature,
+        retrieval=load_retrieval_config(args.config, None), source_options=window_source_options(args), answer_temperature=args.answer_temperature,
         judge_temperature=args.judge_temperature, seed=args.seed,
         **{f"{k}_max_tokens": v for k, v in limits.items()},
     )
+    require_options_for(config.windows, config.source_options)
     reader = _client(args.reader, args.reader_model, args, cache)
     same = lambda spec, model: (spec or args.reader) == args.reader and (model or args.reader_model) == args.reader_model
     judge = reader if same(args.judge, args.judge_model) else _client(args.judge, args.judge_model, args, cache)

@@ -65,6 +65,8 @@ class QAConfig:
     judge_temperature: float = 0.0
     seed: int = 0
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    # Options of model-backed window sources, e.g. {"locator": {"url": ...}} (tider.commands.window_options).
+    source_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
         for c in self.contexts:
@@ -266,7 +268,8 @@ class QARun:
         from tider.locator.sources import gold_predictions
 
         self.store.prepare([q.public() for q in queries])
-        context = {"store": self.store, "gold_by_key": gold_predictions(queries)}
+        context = {"store": self.store, "gold_by_key": gold_predictions(queries),
+                   "source_options": self.config.source_options}
         key = lambda q: q.key
         for w in self.config.windows:
             plan = [self.retrieve_stage(w, context), None, None]
