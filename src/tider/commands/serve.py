@@ -72,7 +72,8 @@ def make_server(args):
             cmd = super().command()
             if self.launcher == "vllm-serve":
                 # `vllm serve MODEL` takes the same flags as the module entry point.
-                exe = shutil.which("vllm") or str(Path(self.python).parent / "vllm")
+                beside = Path(self.python).parent / "vllm"  # the vLLM venv's own console script
+                exe = str(beside) if beside.exists() else (shutil.which("vllm") or str(beside))
                 model_at = cmd.index("--model")
                 cmd = [exe, "serve", cmd[model_at + 1]] + cmd[3:model_at] + cmd[model_at + 2:]
             return cmd
