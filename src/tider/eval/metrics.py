@@ -57,4 +57,5 @@ def aggregate(records: Sequence[dict], ks: Sequence[int]) -> dict:
     out["switch_acc"] = sum(r["switch"] for r in records) / n
     out["switch_f1"] = switch_f1([r["pred_temporal"] for r in records], [r["gold_temporal"] for r in records])
     out["windows_per_query"] = sum(r["n_windows"] for r in records) / n
+    out["temporal_rate"] = sum(1 for r in records if r["pred_temporal"]) / n
     return out

@@ -54,29 +54,36 @@ def parse_method(spec: str) -> tuple[str, str | None]:
     return name, mode or None
 
 
+def query_record(query: Query, source, store, ks: Sequence[int], granularity: str, mode: str | None = None) -> dict:
+    """Predict windows for ``query.public()``, retrieve, and score against the gold."""
+    memory = store.memory(query.memory_key)
+    pred = source.predict(query.public(), memory, store.timeline(query.memory_key))
+    ids, _ = store.retrieve(query, pred, max(ks), mode=mode)
+    gold = query.gold
+    record = {
+        "category": str(query.category), "bucket": window_bucket(len(gold.windows)),
+        "gold_temporal": bool(gold.temporal), "pred_temporal": bool(pred.temporal),
+        "n_windows": len(pred.windows) if pred.temporal else 0, "prediction": pred.to_json(granularity),
+        "iou": window_iou(pred.windows if pred.temporal else (), gold.windows, granularity),
+        "switch": switch_correct(pred.temporal, gold.temporal), "ids": ids.tolist(),
+    }
+    record.update(query_metrics(ids.tolist(), gold.evidence_ids, ks))
+    return record
+
+
 def make_stage(method: str, store, context: dict, ks: Sequence[int], granularity: str) -> Stage:
     from tider.locator.sources import make_source_from_context
 
     name, mode = parse_method(method)
     source = make_source_from_context(name, context)
-    depth = max(ks)
+    return Stage(f"retrieve-{method}", lambda query: query_record(query, source, store, ks, granularity, mode))
 
-    def run(query: Query) -> dict:
-        memory = store.memory(query.memory_key)
-        pred = source.predict(query.public(), memory, store.timeline(query.memory_key))
-        ids, _ = store.retrieve(query, pred, depth, mode=mode)
-        gold = query.gold
-        record = {
-            "category": str(query.category), "bucket": window_bucket(len(gold.windows)),
-            "gold_temporal": bool(gold.temporal), "pred_temporal": bool(pred.temporal),
-            "n_windows": len(pred.windows) if pred.temporal else 0, "prediction": pred.to_json(granularity),
-            "iou": window_iou(pred.windows if pred.temporal else (), gold.windows, granularity),
-            "switch": switch_correct(pred.temporal, gold.temporal), "ids": ids.tolist(),
-        }
-        record.update(query_metrics(ids.tolist(), gold.evidence_ids, ks))
-        return record
 
-    return Stage(f"retrieve-{method}", run)
+def quick_eval(store, source, queries: Sequence[Query], ks: Sequence[int] = (20,), mode: str | None = None) -> dict:
+    """Aggregate metrics of one source, in memory (no records on disk): for sweeps."""
+    from tider.eval.metrics import aggregate
+
+    return aggregate([query_record(q, source, store, ks, store.dataset.granularity, mode) for q in queries], ks)
 
 
 def run_retrieval_eval(dataset: Dataset, config: RetrievalEvalConfig, out_dir: str | Path, data_path: str | None = None,
