@@ -1,6 +1,6 @@
 """Learning benchmark: SFT then GRPO of the tiny locator on the synthetic benchmark (CPU).
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_learning.py --out runs/bench_learning
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_learning.py --out runs/bench_learning
 
 Stages (each skipped when its output exists, so an interrupted run resumes):
 1. SFT (configs/sft/tiny-cpu.yaml, --sft-steps) on the train split of the default
@@ -169,8 +169,8 @@ def markdown(results: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/bench_learning")
-    ap.add_argument("--sft-steps", type=int, default=250)
-    ap.add_argument("--grpo-steps", type=int, default=60)
+    ap.add_argument("--sft-steps", type=int, default=160)
+    ap.add_argument("--grpo-steps", type=int, default=40)
     ap.add_argument("--grpo-batch", type=int, default=16, help="completions per step (num_generations=8 each prompt)")
     ap.add_argument("--synthetic-messages", type=int, default=6400, help="6400 x 16 = the default benchmark; less for a smoke run")
     ap.add_argument("--synthetic-conversations", type=int, default=16)
