@@ -18,7 +18,8 @@ def register(subparsers) -> None:
     p.add_argument("--path", default=None, help="dataset file or directory")
     p.add_argument("--windows", default="none,dbscan-paper,oracle", help="comma-separated window sources")
     p.add_argument("--context", default="flat,forest", help="comma-separated context kinds: flat, forest")
-    p.add_argument("--reader", required=True, help="OpenAI-compatible base URL (http://host:port/v1) or local checkpoint")
+    p.add_argument("--reader", default=None,
+                   help="OpenAI-compatible base URL (http://host:port/v1) or local checkpoint (needed from --until answer)")
     p.add_argument("--reader-model", default=None, help="model name at the reader URL (default: first listed)")
     p.add_argument("--judge", default=None, help="judge URL or checkpoint (default: the reader)")
     p.add_argument("--judge-model", default=None)
@@ -52,6 +53,8 @@ def register(subparsers) -> None:
     p.add_argument("--memories", default=None, help="comma-separated memory keys (default: all)")
     p.add_argument("--exclude-categories", default="", help="query categories to skip")
     p.add_argument("--limit", type=int, default=None, help="first N queries (smoke runs)")
+    p.add_argument("--until", default="judge", choices=["retrieve", "select", "structure", "compress", "answer", "judge"],
+                   help="last stage to run (compress: context statistics, no reader needed)")
     p.add_argument("--overwrite", action="store_true", help="discard earlier records in --out and start over")
     add_window_source_options(p)  # --locator-url/--locator-model/--prompted-url/--prompted-model
     p.set_defaults(func=run)
@@ -93,23 +96,26 @@ def run(args: argparse.Namespace) -> int:
         compression=args.compression, classifier=args.classifier, selection=not args.no_selection, limit=args.limit,
         memory_keys=_csv(args.memories) if args.memories else None, exclude_categories=_csv(args.exclude_categories),
         retrieval=load_retrieval_config(args.config, None), source_options=window_source_options(args), answer_temperature=args.answer_temperature,
-        judge_temperature=args.judge_temperature, seed=args.seed,
+        judge_temperature=args.judge_temperature, seed=args.seed, until=args.until,
         **{f"{k}_max_tokens": v for k, v in limits.items()},
     )
     require_options_for(config.windows, config.source_options)
-    reader = _client(args.reader, args.reader_model, args, cache)
+    reader = _client(args.reader, args.reader_model, args, cache) if args.reader else None
     same = lambda spec, model: (spec or args.reader) == args.reader and (model or args.reader_model) == args.reader_model
-    judge = reader if same(args.judge, args.judge_model) else _client(args.judge, args.judge_model, args, cache)
-    selector = reader if same(args.selector, args.selector_model) else _client(args.selector, args.selector_model, args, cache)
-    tokenizer = args.tokenizer or (None if args.reader.startswith(("http://", "https://")) else args.reader)
+    other = lambda spec, model: _client(spec, model, args, cache) if spec else None
+    judge = reader if same(args.judge, args.judge_model) else other(args.judge, args.judge_model)
+    selector = reader if same(args.selector, args.selector_model) else other(args.selector, args.selector_model)
+    local_reader = args.reader and not args.reader.startswith(("http://", "https://"))
+    tokenizer = args.tokenizer or (args.reader if local_reader else None)
     count = hf_token_counter(tokenizer) if tokenizer else None
     report = run_qa_eval(dataset, config, out, reader, judge, selector, data_path=args.path, overwrite=args.overwrite,
                          count_tokens=count, tokenizer_name=tokenizer or "whitespace")
     console = Console()
     console.print(qa_markdown(report))
-    usage = {"reader/selector": reader.usage_by_stage()}
-    if judge is not reader:
-        usage["judge"] = judge.usage_by_stage()
+    usage = {name: client.usage_by_stage() for name, client in
+             (("reader", reader), ("judge", judge), ("selector", selector)) if client is not None}
+    if judge is reader or selector is reader:  # one shared client: its stages are already split
+        usage = {"shared client": reader.usage_by_stage()} if reader is not None else usage
     console.print(f"LLM tokens spent in this process (cached calls cost 0): {usage}")
     console.print(f"leak checks: {report['leak_checks']} prompts, leaks: {report['leaks']}; report: {out / 'report.md'}")
     return 0

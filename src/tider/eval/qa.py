@@ -40,6 +40,7 @@ from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset, Query, Window, window_bucket
 
 CONTEXT_KINDS = ("flat", "forest")
+STAGES = ("retrieve", "select", "structure", "compress", "answer", "judge")
 COMPRESSION_MODES = ("idf", "truncate")
 ADVERSARIAL_GOLD = "Not mentioned in the conversation"
 
@@ -64,6 +65,7 @@ class QAConfig:
     answer_temperature: float = 0.0  # selection and structuring are always greedy
     judge_temperature: float = 0.0
     seed: int = 0
+    until: str = "judge"  # last stage to run: compress = context statistics without a reader
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     # Options of model-backed window sources, e.g. {"locator": {"url": ...}} (tider.commands.window_options).
     source_options: dict = field(default_factory=dict)
@@ -72,6 +74,8 @@ class QAConfig:
         for c in self.contexts:
             if c not in CONTEXT_KINDS:
                 raise ValueError(f"unknown context kind {c!r}; known: {', '.join(CONTEXT_KINDS)}")
+        if self.until not in STAGES:
+            raise ValueError(f"unknown stage {self.until!r}; known: {', '.join(STAGES)}")
         if self.compression not in COMPRESSION_MODES:
             raise ValueError(f"unknown compression {self.compression!r}; known: {', '.join(COMPRESSION_MODES)}")
 
@@ -208,10 +212,19 @@ class QARun:
             for row in skeleton:
                 row.text = ""
             overhead = self.count_tokens(render_forest(skeleton))
-            comp = compress_forest(forest, query.public().text, self.idf[query.memory_key], max(0, budget - overhead),
-                                   self.count_tokens)
-            rows = forest_rows(forest, g, comp)
-            text = render_forest(rows)
+            span_budget = max(0, budget - overhead)
+            for _ in range(8):
+                comp = compress_forest(forest, query.public().text, self.idf[query.memory_key], span_budget,
+                                       self.count_tokens)
+                rows = forest_rows(forest, g, comp)
+                text = render_forest(rows)
+                # Omission markers and joins cost a few tokens the span sum does not see:
+                # tighten the span budget by the excess and compress again.
+                excess = self.count_tokens(text) - budget
+                if excess <= 0 or comp.over_budget or span_budget == 0:
+                    break
+                span_budget = max(0, min(span_budget, comp.retained_tokens()) - excess)
+            comp.over_budget = comp.over_budget or self.count_tokens(text) > budget
             return {"context": text, "context_ids": [r.message_id for r in rows], "rows": rows_to_json(rows),
                     "tokens": self.count_tokens(text), "span_tokens": comp.retained_tokens(),
                     "metadata_tokens": overhead, "over_budget": comp.over_budget, "omitted_spans": comp.omitted}
@@ -271,15 +284,18 @@ class QARun:
         context = {"store": self.store, "gold_by_key": gold_predictions(queries),
                    "source_options": self.config.source_options}
         key = lambda q: q.key
+        wanted = set(STAGES[: STAGES.index(self.config.until) + 1])
         for w in self.config.windows:
-            plan = [self.retrieve_stage(w, context), None, None]
-            self._run(runner, plan[0], queries, key, progress)
-            self._run(runner, self.select_stage(w), queries, key, progress)
-            if "forest" in self.config.contexts:
+            self._run(runner, self.retrieve_stage(w, context), queries, key, progress)
+            if "select" in wanted:
+                self._run(runner, self.select_stage(w), queries, key, progress)
+            if "structure" in wanted and "forest" in self.config.contexts:
                 self._run(runner, self.structure_stage(w), queries, key, progress)
             for c in self.config.contexts:
-                for make in (self.compress_stage, self.answer_stage, self.judge_stage):
-                    self._run(runner, make(w, c), queries, key, progress)
+                for name, make in (("compress", self.compress_stage), ("answer", self.answer_stage),
+                                   ("judge", self.judge_stage)):
+                    if name in wanted:
+                        self._run(runner, make(w, c), queries, key, progress)
         return self.records
 
     def _run(self, runner: StageRunner, stage: Stage, queries, key, progress) -> None:
@@ -318,10 +334,21 @@ def run_qa_eval(dataset: Dataset, config: QAConfig, out_dir, reader, judge, sele
     if not queries:
         raise ValueError(f"dataset {dataset.name!r}: no queries left to evaluate after filtering")
     selector = selector or reader
+    wanted = set(STAGES[: STAGES.index(config.until) + 1])
+    needs = {"reader": "answer" in wanted, "judge": "judge" in wanted,
+             "selector": ("select" in wanted and config.selection)
+             or ("structure" in wanted and config.classifier == "llm" and "forest" in config.contexts)}
+    missing = [name for name, needed in needs.items() if needed and {"reader": reader, "judge": judge,
+                                                                      "selector": selector}[name] is None]
+    if missing:
+        raise ValueError(f"QA run up to stage {config.until!r} needs an LLM for: {', '.join(missing)}")
+    name_of = lambda client: client.model if client is not None else None
+    usage_of = lambda client: client.usage_by_stage() if client is not None else {}
     manifest = {
         "command": "eval qa", "dataset": dataset.name, "data_path": data_path, "data_hash": file_hash(data_path),
         "n_queries": len(queries),
-        "config": {**config.to_json(), "reader": reader.model, "judge": judge.model, "selector": selector.model,
+        # ``until`` is left out: extending a context-only run to answers reuses its records.
+        "config": {**{k: v for k, v in config.to_json().items() if k != "until"}, "reader": name_of(reader), "judge": name_of(judge), "selector": name_of(selector),
                    "tokenizer": tokenizer_name},
         "prompt_hashes": {name: prompt_hash(getattr(prompts, name)) for name in
                           ("SELECTION_SYSTEM", "STRUCTURING_SYSTEM", "READER_SYSTEM_FLAT", "READER_SYSTEM_FOREST",
@@ -332,7 +359,8 @@ def run_qa_eval(dataset: Dataset, config: QAConfig, out_dir, reader, judge, sele
     records = qa.run(runner, queries, progress)
     report = build_qa_report(records, config.windows, config.contexts, len(queries))
     report.update(dataset=dataset.name, leak_checks=qa.validator.checked, leaks=len(qa.validator.leaks),
-                  reader=reader.model, judge=judge.model, tokenizer=tokenizer_name,
-                  llm_usage_this_process={"reader": reader.usage_by_stage(), "judge": judge.usage_by_stage()})
+                  reader=name_of(reader), judge=name_of(judge), tokenizer=tokenizer_name,
+                  llm_usage_this_process={"reader": usage_of(reader), "judge": usage_of(judge),
+                                          "selector": usage_of(selector)})
     write_qa_report(report, out_dir)
     return report

@@ -33,6 +33,20 @@ def _tokens(records: dict) -> dict:
     return dict(out)
 
 
+def forest_stats(structure: dict, compressed: dict) -> dict:
+    """Shape of the forests (nodes, trees, edge labels) and what compression removed."""
+    nodes = [len(r["forest"]["nodes"]) for r in structure.values()]
+    edges = [e for r in structure.values() for e in r["forest"]["edges"]]
+    return {
+        "nodes_mean": _mean(nodes), "trees_mean": _mean(n - len(r["forest"]["edges"])
+                                                       for n, r in zip(nodes, structure.values())),
+        "update_edges": sum(e["relation"] == "UPDATE" for e in edges),
+        "expand_edges": sum(e["relation"] == "EXPAND" for e in edges),
+        "omitted_spans_mean": _mean(r.get("omitted_spans", 0) for r in compressed.values()),
+        "metadata_tokens_mean": _mean(r.get("metadata_tokens", 0) for r in compressed.values()),
+    }
+
+
 def build_qa_report(records: dict[str, dict[str, dict]], windows, contexts, n_queries: int) -> dict:
     report = {"n_queries": n_queries, "runs": {}}
     for w in windows:
@@ -60,6 +74,8 @@ def build_qa_report(records: dict[str, dict[str, dict]], windows, contexts, n_qu
                 },
                 "llm_tokens": stage_tokens,
             }
+            if c == "forest" and structure:
+                report["runs"][f"{w}/{c}"]["forest"] = forest_stats(structure, compressed)
     return report
 
 
@@ -73,8 +89,18 @@ def qa_markdown(report: dict) -> str:
         lines.append(f"| {run['window_source']} | {run['context']} | {run['n']} | {run['accuracy']} | {run['f1']} | "
                      f"{run['context_tokens_mean']} | {tok('select')} | {tok('structure')} | {tok('answer')} | "
                      f"{tok('judge')} | {errs} |")
+    forests = [(name, run["forest"]) for name, run in report["runs"].items() if "forest" in run]
+    if forests:
+        lines += ["", "| run | nodes | trees | UPDATE edges | EXPAND edges | omitted spans | metadata tokens | over budget |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, f in forests:
+            lines.append(f"| {name} | {f['nodes_mean']} | {f['trees_mean']} | {f['update_edges']} | {f['expand_edges']} | "
+                         f"{f['omitted_spans_mean']} | {f['metadata_tokens_mean']} | "
+                         f"{report['runs'][name]['context_over_budget']} |")
     lines += ["", "Per category (accuracy / F1 / n):", ""]
     for name, run in report["runs"].items():
+        if not run["by_category"]:
+            continue
         cats = "; ".join(f"{k}: {v['accuracy']}/{v['f1']}/{v['n']}" for k, v in run["by_category"].items())
         buckets = "; ".join(f"{k}: {v['accuracy']}/{v['f1']}/{v['n']}" for k, v in run["by_bucket"].items())
         lines.append(f"- {name}: categories {cats}; gold-window buckets {buckets}")
