@@ -38,7 +38,7 @@ class TimelineConfig:
     theta_sem: float = 0.35
     cap: int = 40
     similarity: Literal["centroid", "max"] = "centroid"
-    summary_words: int = 24  # extractive summary length budget (keeps K=30 prompts short)
+    summary_words: int = 16  # extractive summary length budget (keeps K=30 prompts short)
     top_k: int = 30  # K: entries handed to the locator prompt
 
 

@@ -14,7 +14,7 @@ per turn. The centroid threshold was chosen by ``bench/sweep_timeline.py`` so en
 about session-sized, which keeps the K=30 locator prompt informative and short.
 
 Summaries go through the ``Summarizer`` protocol: ``ExtractiveSummarizer`` (default,
-deterministic: the member closest to the centroid, clipped to a word budget) or any
+deterministic: TF-IDF keywords plus the member closest to the centroid, clipped) or any
 LLM-backed object with the same ``summarize`` method.
 """
 
@@ -58,19 +58,49 @@ def _clip_words(text: str, n: int) -> str:
 
 
 class ExtractiveSummarizer:
-    """Speakers plus the most central member message, clipped to ``words`` words."""
+    """Deterministic summary: speakers, the cluster's most distinctive words (TF-IDF of the
+    cluster against the whole memory, speaker names excluded) and its most central
+    message clipped to ``words`` words. Keywords make an entry findable by the locator even
+    when the central turn is small talk ("Wow, that's great!")."""
 
-    def __init__(self, words: int = 24):
-        self.words = words
+    def __init__(self, words: int = 24, keywords: int = 6):
+        self.words, self.keywords = words, keywords
+        self._df: dict[str, tuple[int, dict[str, int]]] = {}
+
+    def _doc_freq(self, memory: Memory) -> dict[str, int]:
+        from collections import Counter
+
+        from tider.retrieval.bm25 import tokenize
+
+        if memory.key not in self._df:
+            df = Counter(t for m in memory for t in set(tokenize(m.text)))
+            self._df[memory.key] = (len(memory), df)
+        return self._df[memory.key][1]
+
+    def top_keywords(self, memory: Memory, member_ids: Sequence[int]) -> list[str]:
+        import math
+        from collections import Counter
+
+        from tider.retrieval.bm25 import tokenize
+
+        df = self._doc_freq(memory)
+        names = {t for i in member_ids for t in tokenize(memory[i].speaker)}
+        from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+        tf = Counter(t for i in member_ids for t in tokenize(memory[i].text)
+                     if len(t) > 2 and t not in names and t not in ENGLISH_STOP_WORDS and not t.isdigit())
+        n = len(memory)
+        scored = sorted(tf, key=lambda t: (-tf[t] * math.log((1 + n) / (1 + df.get(t, 0))), t))
+        return scored[: self.keywords]
 
     def summarize(self, memory: Memory, member_ids: Sequence[int], embeddings: np.ndarray) -> str:
         vecs = embeddings[list(member_ids)]
         centre = vecs.mean(axis=0)
         best = member_ids[int(np.argmax(vecs @ centre))]
-        msg = memory[best]
         speakers = ", ".join(dict.fromkeys(memory[i].speaker for i in member_ids))
+        keywords = ", ".join(self.top_keywords(memory, member_ids))
         extra = f" (+{len(member_ids) - 1} msgs)" if len(member_ids) > 1 else ""
-        return f"{speakers}: {_clip_words(msg.text, self.words)}{extra}"
+        return f"{speakers} | {keywords} | {_clip_words(memory[best].text, self.words)}{extra}"
 
 
 class Timeline:
