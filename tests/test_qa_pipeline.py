@@ -34,7 +34,7 @@ def tiny_client(tiny_qwen3_dir):
 def _config(synth, **kw):
     # Queries with gold windows, so the oracle source exercises evidence selection.
     first = next(iter(synth.memories))
-    base = dict(windows=("oracle",), contexts=("flat", "forest"), k=6, top_n=8, budget=80, classifier="lexical",
+    base = dict(windows=("oracle",), contexts=("flat", "forest"), k=6, top_n=8, budget=75, classifier="lexical",
                 limit=3, memory_keys=[first], select_max_tokens=12, answer_max_tokens=6, judge_max_tokens=4)
     base.update(kw)
     return QAConfig(**base)
@@ -52,6 +52,12 @@ def test_qa_run_completes_and_resumes(synth, tiny_client, tmp_path):
     assert run["errors"]["select_calls_failed"] > 0  # random weights -> typed parse failures, counted
     assert run["llm_tokens"]["select"]["prompt_tokens"] > 0
     assert report["runs"]["oracle/flat"]["context_tokens_mean"] <= cfg.budget
+    # The serialized forest (metadata included) holds B unless the mandatory spans cannot.
+    forests = [row["record"] for row in read_records(tmp_path / "compress-oracle-forest.jsonl").values()]
+    for rec in forests:
+        assert rec["tokens"] <= cfg.budget or rec["over_budget"]
+    # Short one-span synthetic messages: some forests fit, others cannot and say so.
+    assert {r["over_budget"] for r in forests} == {False, True}
     # Resume: a second run redoes nothing.
     sizes = {p.name: len(_lines(p)) for p in tmp_path.glob("*.jsonl")}
     again = run_qa_eval(synth, cfg, tmp_path, tiny_client, tiny_client, progress=False)
