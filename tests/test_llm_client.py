@@ -99,3 +99,17 @@ def test_plain_text_check_is_retried():
     check = lambda text: None if "Final:" in text else "no_verdict"
     result = client.chat([{"role": "user", "content": "judge"}], stage="judge", check=check)
     assert result.ok and result.text == "Final: Correct" and result.attempts == 2
+
+
+def test_structured_output_rejection_falls_back_to_plain_text():
+    from tider.llm.backends import StructuredOutputRejected
+
+    backend = ScriptedBackend([StructuredOutputRejected("json_schema not supported"), 'ok: {"key": [4]}'])
+    client = LLMClient(backend, max_retries=0, backoff=0)
+    result = client.chat([{"role": "user", "content": "q"}], stage="select", json_schema=SCHEMA)
+    assert result.parsed_json == {"key": [4]} and backend.calls == 2  # rejected once, then parsed from plain text
+
+
+def test_openai_backend_rejects_unknown_structured_mode():
+    with pytest.raises(ValueError, match="response_format"):
+        OpenAIBackend("http://127.0.0.1:1/v1", "m", structured="guided_json")

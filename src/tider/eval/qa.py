@@ -23,9 +23,7 @@ token table (T-Mem Table 6 style) survives resumes.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from tider.eval.answer_metrics import answer_f1
@@ -35,7 +33,7 @@ from tider.forest.compress import IDF, compress_forest, truncate_to_budget, whit
 from tider.forest.linearize import forest_rows, render_flat, render_forest, rows_to_json
 from tider.forest.prompts import READER_SYSTEM, judge_messages, parse_verdict, prompt_hash, reader_messages
 from tider.forest.select import select_evidence, selection_prompts
-from tider.forest.structure import Forest, LLMRelationClassifier, build_forest, make_classifier
+from tider.forest.structure import Forest, LLMRelationClassifier, build_forest, make_classifier, structuring_tasks
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset, Query, Window, window_bucket
 
@@ -140,7 +138,6 @@ class QARun:
 
     def select_stage(self, w: str) -> Stage:
         retrieved = self.records[f"retrieve-{w}"]
-        g = self.dataset.granularity
 
         def run(query: Query) -> dict:
             rec = retrieved[query.key]
@@ -177,7 +174,7 @@ class QARun:
 
             def call() -> dict:
                 if isinstance(self.classifier, LLMRelationClassifier):
-                    forest_probe, tasks = _tasks(msgs)
+                    _, tasks = structuring_tasks(msgs)
                     for messages in self.classifier.prompts(public.text, public.user, tasks, g):
                         block = [l for l in messages[1]["content"].splitlines() if l.startswith("[Msg_")]
                         self.validator.check_prompt(query, "structure", messages, allowed_parts=block,
@@ -248,7 +245,7 @@ class QARun:
 
             return _spent(self.reader, "answer", call)
 
-        return Stage(f"answer-{w}-{c}", run, )
+        return Stage(f"answer-{w}-{c}", run)
 
     def judge_stage(self, w: str, c: str) -> Stage:
         answers = self.records[f"answer-{w}-{c}"]
@@ -314,13 +311,6 @@ def _t(text: str):
 
     return datetime.fromisoformat(text)
 
-
-def _tasks(msgs):
-    from tider.forest.structure import eligible_parents
-
-    ordered = sorted({m.id: m for m in msgs}.values(), key=lambda m: (m.timestamp, m.id))
-    tasks = [(c, eligible_parents(c, ordered[:i])) for i, c in enumerate(ordered)]
-    return None, [(c, p) for c, p in tasks if p]
 
 
 def run_qa_eval(dataset: Dataset, config: QAConfig, out_dir, reader, judge, selector=None, *,

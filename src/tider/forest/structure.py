@@ -190,16 +190,18 @@ def make_classifier(name: str, **kwargs) -> RelationClassifier:
     return _CLASSIFIERS[name](**kwargs)
 
 
+def structuring_tasks(messages: Sequence[Message]) -> tuple[list[Message], list[tuple[Message, list[Message]]]]:
+    """Messages in time order, and (child, eligible parents) for every child that has any."""
+    ordered = sorted({m.id: m for m in messages}.values(), key=lambda m: (m.timestamp, m.id))
+    tasks = [(child, eligible_parents(child, ordered[:i])) for i, child in enumerate(ordered)]
+    return ordered, [(child, cands) for child, cands in tasks if cands]
+
+
 def build_forest(question: str, user: Optional[str], messages: Sequence[Message], classifier: RelationClassifier,
                  granularity: Granularity = "day") -> tuple[Forest, list[Judgement]]:
     """Structure ``messages`` (R'(q)) into a forest; returns it with the per-child judgements."""
-    ordered = sorted({m.id: m for m in messages}.values(), key=lambda m: (m.timestamp, m.id))
+    ordered, tasks = structuring_tasks(messages)
     forest = Forest({m.id: m for m in ordered}, relation={m.id: "ROOT" for m in ordered})
-    tasks = []
-    for i, child in enumerate(ordered):
-        candidates = eligible_parents(child, ordered[:i])
-        if candidates:
-            tasks.append((child, candidates))
     judgements = classifier.classify_many(question, user, tasks, granularity) if tasks else []
     for (child, candidates), judgement in zip(tasks, judgements):
         allowed = {c.id for c in candidates}
