@@ -156,3 +156,14 @@ def test_hybrid_similarity_is_rrf():
     np.testing.assert_allclose(sim, want, rtol=1e-6)
     with pytest.raises(ValueError, match="semantic mode .sparse. unknown"):
         RetrievalConfig(semantic="sparse")
+
+
+def test_config_yaml_spells_out_the_defaults():
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "retrieval" / "default.yaml"
+    assert RetrievalConfig.from_json(yaml.safe_load(path.read_text())) == RetrievalConfig()
+    with pytest.raises(ValueError, match="unknown retrieval config keys"):
+        RetrievalConfig.from_json({"lambda": 1})
