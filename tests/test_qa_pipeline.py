@@ -122,3 +122,13 @@ def test_validator_rules():
     assert v.check_prompt(_query("con"), "answer", msgs(" concise"), allowed_parts=[ctx]) == []
     with pytest.raises(GoldLeakError):
         v.raise_if_leaks()
+
+
+def test_locator_prompt_is_leak_checked_and_its_tokens_counted(synth, tiny_qwen3_dir, tmp_path):
+    cfg = _config(synth, windows=("prompted",), limit=2, until="retrieve",
+                  source_options={"prompted": {"model": str(tiny_qwen3_dir), "max_tokens": 8}})
+    report = run_qa_eval(synth, cfg, tmp_path, None, None, progress=False)
+    assert report["leak_checks"] == 2 and report["leaks"] == 0
+    rows = read_records(tmp_path / "retrieve-prompted.jsonl")
+    assert len(rows) == 2 and all(r["record"]["llm"]["calls"] == 1 for r in rows.values())
+    assert report["runs"]["prompted/flat"]["llm_tokens"]["locator"]["prompt_tokens"] > 0

@@ -124,17 +124,41 @@ class QARun:
         source = make_source_from_context(window_name, context)
         g = self.dataset.granularity
 
+        locator_client = getattr(source, "client", None)  # model-backed sources (locator, prompted)
+
         def run(query: Query) -> dict:
             public = query.public()  # nothing on the inference path sees gold
-            memory = self.store.memory(query.memory_key)
-            pred = source.predict(public, memory, self.store.timeline(query.memory_key))
-            ids, scores = self.store.retrieve(public, pred, self.config.k)
-            # Exact window bounds too: a day-granularity rendering loses the end of day.
-            exact = [[w.start.isoformat(), w.end.isoformat()] for w in pred.windows] if pred.temporal else []
-            return {"prediction": pred.to_json(g), "windows_exact": exact, "ids": ids.tolist(),
-                    "scores": [float(s) for s in scores]}
+            memory, timeline = self.store.memory(query.memory_key), self.store.timeline(query.memory_key)
+            self._check_locator_prompt(source, query, timeline)
+
+            def call() -> dict:
+                pred = source.predict(public, memory, timeline)
+                ids, scores = self.store.retrieve(public, pred, self.config.k)
+                # Exact window bounds too: a day-granularity rendering loses the end of day.
+                exact = [[w.start.isoformat(), w.end.isoformat()] for w in pred.windows] if pred.temporal else []
+                return {"prediction": pred.to_json(g), "windows_exact": exact, "ids": ids.tolist(),
+                        "scores": [float(s) for s in scores]}
+
+            return _spent(locator_client if hasattr(locator_client, "usage_by_stage") else None, "locator", call)
 
         return Stage(f"retrieve-{window_name}", run)
+
+    def _check_locator_prompt(self, source, query: Query, timeline) -> None:
+        """Rebuild the locator prompt a chat-backed source sends and run the leak check on it:
+        the timeline entries and the question block are its allowed (public) parts."""
+        from tider.locator.endpoint import ChatWindowSource
+
+        if not isinstance(source, ChatWindowSource) or timeline is None:
+            return
+        from tider.locator.prompt import _entry_line, _question_block, build_messages
+
+        g, public = self.dataset.granularity, query.public()
+        entries = timeline.top_k(public.text, source.top_k)
+        messages = build_messages(public, entries, g, tokenizer=source.tokenizer,
+                                  max_prompt_tokens=source.max_prompt_tokens, top_k=source.top_k)
+        self.validator.check_prompt(query, "locator", messages,
+                                    allowed_parts=[_question_block(public, g)] + [_entry_line(e, g) for e in entries],
+                                    template_text=messages[0]["content"])
 
     def select_stage(self, w: str) -> Stage:
         retrieved = self.records[f"retrieve-{w}"]

@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-LLM_STAGES = ("select", "structure", "answer", "judge")
+LLM_STAGES = ("locator", "select", "structure", "answer", "judge")
 
 
 def _mean(xs) -> float | None:
@@ -55,7 +55,7 @@ def build_qa_report(records: dict[str, dict[str, dict]], windows, contexts, n_qu
             judged = list(records.get(f"judge-{w}-{c}", {}).values())
             compressed = records.get(f"compress-{w}-{c}", {})
             answers = records.get(f"answer-{w}-{c}", {})
-            stage_tokens = {"select": _tokens(select), "answer": _tokens(answers), "judge": _tokens(records.get(f"judge-{w}-{c}", {}))}
+            stage_tokens = {"locator": _tokens(records.get(f"retrieve-{w}", {})), "select": _tokens(select), "answer": _tokens(answers), "judge": _tokens(records.get(f"judge-{w}-{c}", {}))}
             if c == "forest":
                 stage_tokens["structure"] = _tokens(structure)
             report["runs"][f"{w}/{c}"] = {
@@ -81,13 +81,13 @@ def build_qa_report(records: dict[str, dict[str, dict]], windows, contexts, n_qu
 
 def qa_markdown(report: dict) -> str:
     lines = [f"# QA evaluation ({report.get('dataset', '?')}, {report['n_queries']} queries)", "",
-             "| windows | context | n | accuracy | F1 | ctx tokens | select tok | structure tok | answer tok | judge tok | errors |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| windows | context | n | accuracy | F1 | ctx tokens | locator tok | select tok | structure tok | answer tok | judge tok | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in report["runs"].values():
         tok = lambda s: sum(run["llm_tokens"].get(s, {}).get(k, 0) for k in ("prompt_tokens", "completion_tokens"))
         errs = ", ".join(f"{k}={v}" for k, v in run["errors"].items() if v) or "0"
         lines.append(f"| {run['window_source']} | {run['context']} | {run['n']} | {run['accuracy']} | {run['f1']} | "
-                     f"{run['context_tokens_mean']} | {tok('select')} | {tok('structure')} | {tok('answer')} | "
+                     f"{run['context_tokens_mean']} | {tok('locator')} | {tok('select')} | {tok('structure')} | {tok('answer')} | "
                      f"{tok('judge')} | {errs} |")
     forests = [(name, run["forest"]) for name, run in report["runs"].items() if "forest" in run]
     if forests:
