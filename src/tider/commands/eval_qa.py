@@ -36,7 +36,8 @@ def register(subparsers) -> None:
                    help="relation classifier for structuring (lexical = named heuristic variant, no LLM)")
     p.add_argument("--no-selection", action="store_true", help="skip evidence utility selection (R'(q) = seeds)")
     p.add_argument("--tokenizer", default=None,
-                   help="tokenizer counting the budget (default: the reader's if local, else whitespace words)")
+                   help="tokenizer counting the budget (default: the reader's, local checkpoint or served name; "
+                        "else whitespace words)")
     p.add_argument("--api-key-env", default="TIDER_API_KEY", help="env var holding the API key (then OPENAI_API_KEY)")
     p.add_argument("--structured", default="response_format", choices=["response_format", "structured_outputs", "none"],
                    help="how JSON schemas are requested from the server")
@@ -72,6 +73,25 @@ def _client(spec, model, args, cache_path):
                        concurrency=args.concurrency, timeout=args.timeout)
 
 
+def _budget_tokenizer(explicit, reader_spec, reader):
+    """(name, counter) for budget B: ``--tokenizer``, else the reader's own tokenizer (a
+    local checkpoint, or the served model's name when it loads as a tokenizer), else
+    whitespace words. The choice is recorded in the run manifest."""
+    from tider.forest.compress import hf_token_counter
+
+    if explicit:
+        return explicit, hf_token_counter(explicit)
+    candidates = [reader_spec] if reader_spec and not reader_spec.startswith(("http://", "https://")) else []
+    if reader is not None and not candidates:
+        candidates = [reader.model]
+    for name in candidates:
+        try:
+            return name, hf_token_counter(name)
+        except (OSError, ValueError, ImportError):
+            continue  # a served name that is no tokenizer here (e.g. a hosted API model)
+    return "whitespace", None
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -81,7 +101,6 @@ def run(args: argparse.Namespace) -> int:
     from tider.data import load_dataset
     from tider.eval.qa import QAConfig, run_qa_eval
     from tider.eval.qa_report import qa_markdown
-    from tider.forest.compress import hf_token_counter
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -95,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
         windows=_csv(args.windows), contexts=_csv(args.context), k=args.k, top_n=args.top_n, budget=args.budget,
         compression=args.compression, classifier=args.classifier, selection=not args.no_selection, limit=args.limit,
         memory_keys=_csv(args.memories) if args.memories else None, exclude_categories=_csv(args.exclude_categories),
-        retrieval=load_retrieval_config(args.config, None), source_options=window_source_options(args), answer_temperature=args.answer_temperature,
-        judge_temperature=args.judge_temperature, seed=args.seed, until=args.until,
+        retrieval=load_retrieval_config(args.config, None), source_options=window_source_options(args),
+        answer_temperature=args.answer_temperature, judge_temperature=args.judge_temperature, seed=args.seed, until=args.until,
         **{f"{k}_max_tokens": v for k, v in limits.items()},
     )
     require_options_for(config.windows, config.source_options)
@@ -105,11 +124,9 @@ def run(args: argparse.Namespace) -> int:
     other = lambda spec, model: _client(spec, model, args, cache) if spec else None
     judge = reader if same(args.judge, args.judge_model) else other(args.judge, args.judge_model)
     selector = reader if same(args.selector, args.selector_model) else other(args.selector, args.selector_model)
-    local_reader = args.reader and not args.reader.startswith(("http://", "https://"))
-    tokenizer = args.tokenizer or (args.reader if local_reader else None)
-    count = hf_token_counter(tokenizer) if tokenizer else None
+    tokenizer, count = _budget_tokenizer(args.tokenizer, args.reader, reader)
     report = run_qa_eval(dataset, config, out, reader, judge, selector, data_path=args.path, overwrite=args.overwrite,
-                         count_tokens=count, tokenizer_name=tokenizer or "whitespace")
+                         count_tokens=count, tokenizer_name=tokenizer)
     console = Console()
     console.print(qa_markdown(report))
     usage = {name: client.usage_by_stage() for name, client in
