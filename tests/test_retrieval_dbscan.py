@@ -17,7 +17,7 @@ def test_paper_values_are_converted_to_days():
     assert PAPER.delta_days * 24 == pytest.approx(2)
     assert PAPER.mu_per_day / 24 == pytest.approx(0.25)
     assert PAPER.pad_days * 24 == pytest.approx(12)
-    assert TUNED.max_windows is not None
+    assert TUNED != PAPER  # the sweep chose different values (bench/sweep_dbscan.py)
 
 
 def test_dense_clusters_kept_densest_first_and_noise_dropped():
