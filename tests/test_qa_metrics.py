@@ -23,3 +23,10 @@ def test_verdict_and_ids():
     assert parse_verdict("garbage") is None
     assert parse_msg_id("Msg_12") == 12 and parse_msg_id(3) == 3 and parse_msg_id("12x") is None
     assert parse_msg_id(True) is None
+
+
+def test_think_only_reply_is_empty():
+    from tider.llm.jsonout import strip_think
+
+    assert strip_think("<think>Caroline moved in May.</think>\n\n").strip() == ""
+    assert strip_think("<think>x</think> Sweden").strip() == "Sweden"

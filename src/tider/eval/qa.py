@@ -34,6 +34,7 @@ from tider.forest.linearize import forest_rows, render_flat, render_forest, rows
 from tider.forest.prompts import READER_SYSTEM, judge_messages, parse_verdict, prompt_hash, reader_messages
 from tider.forest.select import select_evidence, selection_prompts
 from tider.forest.structure import Forest, LLMRelationClassifier, build_forest, make_classifier, structuring_tasks
+from tider.llm.jsonout import strip_think
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset, Query, Window, window_bucket
 
@@ -171,7 +172,7 @@ class QARun:
             if not (self.config.selection and windows):
                 return {"ids": seeds, "windows": [], "errors": 0, "invalid_ids": 0}
             public, memory = query.public(), self.store.memory(query.memory_key)
-            sim, _ = self.store.similarity(public)
+            sim, _ = self.store.similarity(public, mode="dense")  # T-Mem: embedding preselection
             similarity = lambda text, ids: sim[list(ids)]
             for _, cands, messages in selection_prompts(public, memory, windows, similarity, self.config.top_n):
                 block = [line for line in messages[1]["content"].splitlines() if line.startswith("[Msg_")]
@@ -263,9 +264,11 @@ class QARun:
                                         template_text=READER_SYSTEM[c])
 
             def call() -> dict:
+                # A reply that is only a <think> block is empty: retried like any empty output.
                 result = self.reader.chat(messages, stage="answer", max_tokens=self.config.answer_max_tokens,
-                                          temperature=self.config.answer_temperature, seed=self.config.seed)
-                return {"answer": result.text.strip(), "error": result.error}
+                                          temperature=self.config.answer_temperature, seed=self.config.seed,
+                                          check=lambda text: None if strip_think(text).strip() else "empty_output")
+                return {"answer": strip_think(result.text).strip(), "error": result.error}
 
             return _spent(self.reader, "answer", call)
 

@@ -204,7 +204,8 @@ class LLMClient:
         bar.close()
         return results
 
-    def _chat_batch_local(self, batch, *, stage, json_schema=None, max_tokens=None, temperature=0.0, seed=None):
+    def _chat_batch_local(self, batch, *, stage, json_schema=None, max_tokens=None, temperature=0.0, seed=None,
+                          check=None):
         settings = dict(max_tokens=max_tokens or self.default_max_tokens, temperature=temperature, seed=seed)
         misses = [
             i for i, m in enumerate(batch)
@@ -220,7 +221,7 @@ class LLMClient:
             except Exception:
                 firsts = {}  # fall back to one-by-one calls, which record their own errors
         return [
-            self.chat(m, stage=stage, json_schema=json_schema, _first=firsts.get(i), **settings)
+            self.chat(m, stage=stage, json_schema=json_schema, check=check, _first=firsts.get(i), **settings)
             for i, m in enumerate(batch)
         ]
 
