@@ -374,7 +374,8 @@ def run_qa_eval(dataset: Dataset, config: QAConfig, out_dir, reader, judge, sele
     runner = StageRunner(out_dir, manifest, overwrite=overwrite)
     qa = QARun(dataset, config, reader, judge, selector, count_tokens)
     records = qa.run(runner, queries, progress)
-    report = build_qa_report(records, config.windows, config.contexts, len(queries))
+    report = build_qa_report(records, config.windows, config.contexts, len(queries),
+                             gold_ids={q.key: list(q.gold.evidence_ids) for q in queries})
     report.update(dataset=dataset.name, leak_checks=qa.validator.checked, leaks=len(qa.validator.leaks),
                   reader=name_of(reader), judge=name_of(judge), tokenizer=tokenizer_name,
                   llm_usage_this_process={"reader": usage_of(reader), "judge": usage_of(judge),

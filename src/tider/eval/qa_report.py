@@ -47,7 +47,19 @@ def forest_stats(structure: dict, compressed: dict) -> dict:
     }
 
 
-def build_qa_report(records: dict[str, dict[str, dict]], windows, contexts, n_queries: int) -> dict:
+def evidence_in_context(compressed: dict, gold_ids: dict) -> float | None:
+    """Mean share of a query's gold evidence messages present in its final context (flat:
+    survived truncation; forest: a node, possibly with spans omitted), over queries that
+    have gold evidence."""
+    shares = [len(set(gold_ids[k]) & set(r["context_ids"])) / len(gold_ids[k])
+              for k, r in compressed.items() if gold_ids.get(k)]
+    return _mean(shares)
+
+
+def build_qa_report(records: dict[str, dict[str, dict]], windows, contexts, n_queries: int,
+                    gold_ids: dict | None = None) -> dict:
+    """``gold_ids`` (query key -> gold evidence ids) adds ``evidence_in_context``; gold is
+    read here, after the run, never by the stages."""
     report = {"n_queries": n_queries, "runs": {}}
     for w in windows:
         select, structure = records.get(f"select-{w}", {}), records.get(f"structure-{w}", {})
@@ -64,6 +76,7 @@ def build_qa_report(records: dict[str, dict[str, dict]], windows, contexts, n_qu
                 "by_category": _group(judged, "category"), "by_bucket": _group(judged, "bucket"),
                 "context_tokens_mean": _mean(r["tokens"] for r in compressed.values()),
                 "context_over_budget": sum(bool(r.get("over_budget")) for r in compressed.values()),
+                "evidence_in_context": evidence_in_context(compressed, gold_ids or {}),
                 "errors": {
                     "select_calls_failed": sum(r.get("errors", 0) for r in select.values()),
                     "select_invalid_ids": sum(r.get("invalid_ids", 0) for r in select.values()),
@@ -81,13 +94,13 @@ def build_qa_report(records: dict[str, dict[str, dict]], windows, contexts, n_qu
 
 def qa_markdown(report: dict) -> str:
     lines = [f"# QA evaluation ({report.get('dataset', '?')}, {report['n_queries']} queries)", "",
-             "| windows | context | n | accuracy | F1 | ctx tokens | locator tok | select tok | structure tok | answer tok | judge tok | errors |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| windows | context | n | accuracy | F1 | ctx tokens | gold evidence in ctx | locator tok | select tok | structure tok | answer tok | judge tok | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in report["runs"].values():
         tok = lambda s: sum(run["llm_tokens"].get(s, {}).get(k, 0) for k in ("prompt_tokens", "completion_tokens"))
         errs = ", ".join(f"{k}={v}" for k, v in run["errors"].items() if v) or "0"
         lines.append(f"| {run['window_source']} | {run['context']} | {run['n']} | {run['accuracy']} | {run['f1']} | "
-                     f"{run['context_tokens_mean']} | {tok('locator')} | {tok('select')} | {tok('structure')} | {tok('answer')} | "
+                     f"{run['context_tokens_mean']} | {run.get('evidence_in_context')} | {tok('locator')} | {tok('select')} | {tok('structure')} | {tok('answer')} | "
                      f"{tok('judge')} | {errs} |")
     forests = [(name, run["forest"]) for name, run in report["runs"].items() if "forest" in run]
     if forests:
