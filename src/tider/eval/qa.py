@@ -175,7 +175,9 @@ class QARun:
             sim, _ = self.store.similarity(public, mode="dense")  # T-Mem: embedding preselection
             similarity = lambda text, ids: sim[list(ids)]
             for _, cands, messages in selection_prompts(public, memory, windows, similarity, self.config.top_n):
-                block = [line for line in messages[1]["content"].splitlines() if line.startswith("[Msg_")]
+                # Allowed: candidate lines (retrieval output) and the window line (window-source output).
+                block = [line for line in messages[1]["content"].splitlines()
+                         if line.startswith(("[Msg_", "Topic-time window:"))]
                 self.validator.check_prompt(query, "select", messages, allowed_parts=block,
                                             template_text=messages[0]["content"])
 
