@@ -378,6 +378,8 @@ def run_qa_eval(dataset: Dataset, config: QAConfig, out_dir, reader, judge, sele
     records = qa.run(runner, queries, progress)
     report = build_qa_report(records, config.windows, config.contexts, len(queries),
                              gold_ids={q.key: list(q.gold.evidence_ids) for q in queries})
+    report["variant"] = {"classifier": config.classifier, "compression": config.compression, "budget": config.budget,
+                         "selection": config.selection, "k": config.k, "top_n": config.top_n}
     report.update(dataset=dataset.name, leak_checks=qa.validator.checked, leaks=len(qa.validator.leaks),
                   reader=name_of(reader), judge=name_of(judge), tokenizer=tokenizer_name,
                   llm_usage_this_process={"reader": usage_of(reader), "judge": usage_of(judge),

@@ -93,7 +93,10 @@ def build_qa_report(records: dict[str, dict[str, dict]], windows, contexts, n_qu
 
 
 def qa_markdown(report: dict) -> str:
+    variant = ", ".join(f"{k}={v}" for k, v in report.get("variant", {}).items())
     lines = [f"# QA evaluation ({report.get('dataset', '?')}, {report['n_queries']} queries)", "",
+             f"Variant: {variant}; reader: {report.get('reader')}; judge: {report.get('judge')}; "
+             f"budget tokenizer: {report.get('tokenizer')}", "",
              "| windows | context | n | accuracy | F1 | ctx tokens | gold evidence in ctx | locator tok | select tok | structure tok | answer tok | judge tok | errors |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in report["runs"].values():
