@@ -55,19 +55,25 @@ def parse_method(spec: str) -> tuple[str, str | None]:
 
 
 def query_record(query: Query, source, store, ks: Sequence[int], granularity: str, mode: str | None = None) -> dict:
-    """Predict windows for ``query.public()``, retrieve, and score against the gold."""
+    """Predict windows for ``query.public()``, retrieve, and score against the gold.
+
+    The retriever runs once per cut-off k: with two channels merged and reranked, the
+    top-20 is not a prefix of the top-50, and recall@k must be what a budget of k returns."""
     memory = store.memory(query.memory_key)
     pred = source.predict(query.public(), memory, store.timeline(query.memory_key))
-    ids, _ = store.retrieve(query, pred, max(ks), mode=mode)
     gold = query.gold
+    ranked = {k: store.retrieve(query, pred, k, mode=mode)[0].tolist() for k in sorted(set(ks))}
+    deepest = ranked[max(ks)]
     record = {
         "category": str(query.category), "bucket": window_bucket(len(gold.windows)),
         "gold_temporal": bool(gold.temporal), "pred_temporal": bool(pred.temporal),
         "n_windows": len(pred.windows) if pred.temporal else 0, "prediction": pred.to_json(granularity),
         "iou": window_iou(pred.windows if pred.temporal else (), gold.windows, granularity),
-        "switch": switch_correct(pred.temporal, gold.temporal), "ids": ids.tolist(),
+        "switch": switch_correct(pred.temporal, gold.temporal), "ids": deepest,
     }
-    record.update(query_metrics(ids.tolist(), gold.evidence_ids, ks))
+    record.update(query_metrics(deepest, gold.evidence_ids, []))  # n_gold, rr (MRR over the deepest list)
+    for k, ids in ranked.items():
+        record.update({key: v for key, v in query_metrics(ids, gold.evidence_ids, [k]).items() if key.endswith(f"@{k}")})
     return record
 
 

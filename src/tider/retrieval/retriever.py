@@ -7,10 +7,18 @@ For a query q and a window prediction P:
 2. Non-temporal P (``temporal=False`` or no windows), or ``config.temporal=False``:
    return the semantic channel, the top-k of ``sim``, scored by ``sim``.
 3. Otherwise: semantic channel = top-k of ``sim`` over all messages; temporal channel =
-   top-k of ``sim`` among messages inside the windows widened by ``tau_buf``. Their union
-   is reranked by distance decay (``tider.retrieval.rerank``):
+   the messages inside the windows widened by ``tau_buf``, ranked by their decayed
+   similarity (the rerank score below). Their union is reranked by distance decay
+   (``tider.retrieval.rerank``):
        score(m) = sim(m) * max(gamma_min, exp(-rho * d(m))) + lambda_boost * [d(m) == 0]
    with d(m) the distance in days to the nearest (unwidened) window, and the top-k returned.
+
+Why the temporal channel ranks by the decayed score and not by raw ``sim``: with
+tau_buf = 14 days the widened window holds several sessions, and its raw-similarity
+top-k is mostly *neighbours* of the window; the in-window evidence then never reaches
+the merge. Measured on LoCoMo dev with gold windows: recall@20 0.742 (raw sim) vs 0.864
+(decayed), against 0.544 without windows. Since the final top-k is taken over the same
+score, "top-k of the temporal channel, merged" equals "score every in-range message".
 
 Results are ``(ids, scores)``, best first, ties broken by lower id (earlier message).
 """
@@ -55,8 +63,7 @@ class DualChannelRetriever:
             return semantic, sim[semantic]
         windows = channels.window_days(prediction.windows)
         ranges = channels.id_ranges(self.ts_days, windows, cfg.tau_buf_days)
-        temporal = channels.top_k(sim, k, channels.ids_in_ranges(ranges))
-        candidates = np.union1d(semantic, temporal)
+        candidates = np.union1d(semantic, channels.ids_in_ranges(ranges))
         scores = rerank_scores(sim[candidates], self.ts_days[candidates], windows, cfg.lambda_boost, cfg.gamma_min,
                                cfg.rho_per_day)
         order = np.lexsort((candidates, -scores))[:k]
