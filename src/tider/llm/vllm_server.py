@@ -64,7 +64,9 @@ def build_server_command(
     max_model_len: Optional[int] = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """The argv that starts the OpenAI-compatible server (the one place to extend)."""
+    """The argv that starts the OpenAI-compatible server (the one place to extend).
+    ``VLLMServer`` passes its API key as ``VLLM_API_KEY`` in the environment instead of
+    ``api_key`` here, so the key never shows in the process list."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host, "--port", str(port)]
     if served_model_name:
         cmd += ["--served-model-name", served_model_name]
@@ -143,7 +145,6 @@ class VLLMServer:
             host=self.host,
             port=self.port,
             served_model_name=self.served_model_name,
-            api_key=self.api_key,
             max_model_len=self.max_model_len,
             extra_args=self.extra_args,
         )
@@ -164,11 +165,14 @@ class VLLMServer:
             self.log_path = Path(name)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab")
+        env = server_env(self.env)
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key  # through the environment: argv is visible in `ps`
         self.process = subprocess.Popen(
             self.command(),
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            env=server_env(self.env),
+            env=env,
             start_new_session=True,  # own process group: stop() reaches the engine workers
         )
         try:
