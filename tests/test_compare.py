@@ -74,6 +74,7 @@ def test_compare_cli_end_to_end_and_resume(tiny_qwen3_dir, synthetic_dir, tmp_pa
     # semantic-only path, so it retrieves exactly what `none` retrieves.
     assert table["locator"]["recall@20"] == table["none"]["recall@20"]
     assert comparison["mcnemar"]["locator_vs"]["none"] == {"b": 0, "c": 0, "p": 1.0, "n": 8}
+    assert table["locator"]["parse_fail"] == 1.0 and "parse_fail" not in table["none"]
     assert table["oracle"]["window_iou"] == 1.0 and table["oracle"]["switch_acc"] == 1.0
     assert set(comparison["mcnemar"]["locator_vs"]) == {"none", "dbscan-paper", "dbscan-tuned", "timeline"}
     for name in ("compare.md", "compare.png", "retrieval/recall_at_k.png", "retrieval/report.json"):

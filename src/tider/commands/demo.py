@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
+DEMO_KS = (1, 3, 5, 10, 20)
 
 
 def register(subparsers) -> None:
@@ -147,7 +148,7 @@ def run(args) -> int:
     from tider.commands.eval_compare import rich_table
     from tider.eval.compare import markdown
 
-    console = Console()
+    console = Console(width=max(Console().width, 150))  # the table is wide; a pipe defaults to 80 columns
     console.print(rich_table(comparison))
     sections = markdown(comparison).split("\n## ", 1)
     if len(sections) == 2:
@@ -193,8 +194,11 @@ def _serve_and_compare(args, dataset, data_path, export_dir: Path, out: Path, dt
             options = {"locator": {"url": server.base_url}}
         _done(t0, times, "serve")
         t0 = _banner("7/7", f"compare on the {args.split} split")
+        # Demo memories hold ~200 messages, so recall saturates by k=20: small cut-offs
+        # carry the differences, and McNemar runs at k=5.
         config = CompareConfig(baselines=[b for b in args.baselines.split(",") if b], source_options=options,
-                               memory_keys=memory_keys, limit=args.limit, retrieval=RetrievalConfig())
+                               memory_keys=memory_keys, limit=args.limit, retrieval=RetrievalConfig(),
+                               ks=DEMO_KS, mcnemar_k=5)
         # overwrite: the locator behind the URL may be a new model (or the port a new one).
         comparison = run_compare(dataset, config, out / "compare", data_path=data_path, overwrite=True)
         _done(t0, times, "compare")

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                                                           chat_template_kwargs=kwargs)
         qa = {"reader": reader, "judge": judge, "config": {"classifier": args.classifier}}
     comparison = run_compare(dataset, config, args.out, data_path=args.path, overwrite=args.overwrite, qa=qa)
-    console = Console()
+    console = Console(width=max(Console().width, 150))  # the table is wide; a pipe defaults to 80 columns
     console.print(rich_table(comparison))
     sections = markdown(comparison).split("\n## ", 1)  # the table above, then gap, McNemar, breakdowns
     if len(sections) == 2:

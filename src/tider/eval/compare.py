@@ -76,7 +76,20 @@ def oracle_gap(methods: dict, ks: Sequence[int], low: str = "none", high: str = 
     return gap
 
 
-def build_comparison(retrieval_report: dict, config: CompareConfig, qa_report: Optional[dict] = None) -> dict:
+def parse_failure_rates(run_dir: str | Path, methods: Sequence[str]) -> dict[str, float]:
+    """Share of queries whose completion did not parse, for model-backed methods."""
+    from tider.eval.runner import read_records
+
+    rates = {}
+    for m in methods:
+        rows = [r["record"] for r in read_records(Path(run_dir) / f"retrieve-{m}.jsonl").values() if r.get("status") == "ok"]
+        if rows and "parse_failure" in rows[0]:
+            rates[m] = sum(r["parse_failure"] is not None for r in rows) / len(rows)
+    return rates
+
+
+def build_comparison(retrieval_report: dict, config: CompareConfig, qa_report: Optional[dict] = None,
+                     parse_failures: Optional[dict] = None) -> dict:
     ks = list(retrieval_report["ks"])
     methods = retrieval_report["methods"]
     qa = {}
@@ -91,6 +104,8 @@ def build_comparison(retrieval_report: dict, config: CompareConfig, qa_report: O
                     f"ndcg@{k20}": row.get(f"ndcg@{k20}"), f"hit_all@{k20}": row.get(f"hit_all@{k20}"),
                     "mrr": row["mrr"], "window_iou": row["window_iou"], "switch_acc": row["switch_acc"],
                     "n": row["n"], **qa.get(m, {})}
+        if parse_failures and m in parse_failures:
+            table[m]["parse_fail"] = parse_failures[m]
     per = lambda key: {m: {g: {f"recall@{k20}": v.get(f"recall@{k20}"), "window_iou": v.get("window_iou"), "n": v["n"]}
                            for g, v in groups.items()} for m, groups in retrieval_report[key].items()}
     return {
@@ -118,6 +133,8 @@ def table_columns(comparison: dict) -> list[str]:
     cols = [f"recall@{k}" for k in comparison["ks"]] + [f"ndcg@{k20}", "mrr", "window_iou", "switch_acc"]
     if any("qa_accuracy" in row for row in comparison["table"].values()):
         cols += ["qa_accuracy", "qa_f1"]
+    if any("parse_fail" in row for row in comparison["table"].values()):
+        cols += ["parse_fail"]
     return cols + ["n"]
 
 
@@ -200,7 +217,8 @@ def run_compare(dataset: Dataset, config: CompareConfig, out_dir: str | Path, *,
                              source_options=config.source_options, **qa.get("config", {}))
         qa_report = run_qa_eval(dataset, qa_config, out / "qa", qa["reader"], qa["judge"], data_path=data_path,
                                 overwrite=overwrite, progress=progress)
-    comparison = build_comparison(retrieval_report, config, qa_report)
+    comparison = build_comparison(retrieval_report, config, qa_report,
+                                  parse_failures=parse_failure_rates(out / "retrieval", methods))
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(comparison, indent=2))
     (out / "compare.md").write_text(markdown(comparison))

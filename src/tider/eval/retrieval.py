@@ -71,6 +71,9 @@ def query_record(query: Query, source, store, ks: Sequence[int], granularity: st
         "iou": window_iou(pred.windows if pred.temporal else (), gold.windows, granularity),
         "switch": switch_correct(pred.temporal, gold.temporal), "ids": deepest,
     }
+    outcomes = getattr(source, "last_outcomes", None)  # model-backed sources (locator, prompted)
+    if outcomes:
+        record["parse_failure"] = outcomes[-1].failure  # None, or why the completion was unusable
     record.update(query_metrics(deepest, gold.evidence_ids, []))  # n_gold, rr (MRR over the deepest list)
     for k, ids in ranked.items():
         record.update({key: v for key, v in query_metrics(ids, gold.evidence_ids, [k]).items() if key.endswith(f"@{k}")})

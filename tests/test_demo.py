@@ -1,0 +1,46 @@
+"""`tider demo` end to end at toy scale (small model, few steps, locator through local
+transformers instead of vLLM — tests/test_serve_vllm.py covers serving), then a rerun
+that resumes: finished stages are skipped, the report is rebuilt from the same models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+TOY = ["--synthetic-messages", "600", "--synthetic-conversations", "3", "--sft-steps", "20", "--grpo-steps", "1",
+       "--no-serve", "--limit", "6",
+       # to both TrlParser recipes:
+       "--tiny_hidden_size", "64", "--tiny_num_layers", "2", "--tiny_num_heads", "2", "--tiny_vocab_size", "1024",
+       "--timeline_top_k", "4", "--max_prompt_tokens", "256", "--report_to", "none", "--save_strategy", "no"]
+
+
+@pytest.mark.slow
+def test_demo_runs_every_stage_then_resumes(tmp_path, capsys):
+    from tider.cli import main
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), *TOY]) == 0
+    printed = capsys.readouterr().out
+    for step in ("[1/7]", "[2/7]", "[3/7]", "[4/7]", "[5/7]", "[6/7]", "[7/7]"):
+        assert step in printed
+    export = json.loads((out / "export" / "export_report.json").read_text())
+    assert export["greedy_identical"] and export["dtype"] == "float32"
+    assert json.loads((out / "export" / "tider_locator.json").read_text())["timeline_top_k"] == 4
+    comparison = json.loads((out / "compare" / "compare.json").read_text())
+    assert comparison["methods"] == ["none", "dbscan-tuned", "timeline", "locator", "oracle"]
+    assert comparison["n_queries"] == 6
+    assert (out / "compare" / "compare.png").exists()
+    first = json.loads((out / "timings.json").read_text())
+
+    assert main(["demo", "--out", str(out), *TOY]) == 0  # resume: nothing retrained
+    again = json.loads((out / "timings.json").read_text())
+    assert again["sft"] < 1.0 and again["grpo"] < 1.0 and first["sft"] > again["sft"]
+    assert json.loads((out / "compare" / "compare.json").read_text())["table"] == comparison["table"]
+
+
+def test_unknown_recipe_lists_the_known_ones(tmp_path):
+    from tider.cli import main
+
+    with pytest.raises(SystemExit, match="known recipes: .*tiny-cpu"):
+        main(["demo", "--recipe", "nope", "--out", str(tmp_path)])
