@@ -113,3 +113,15 @@ def test_structured_output_rejection_falls_back_to_plain_text():
 def test_openai_backend_rejects_unknown_structured_mode():
     with pytest.raises(ValueError, match="response_format"):
         OpenAIBackend("http://127.0.0.1:1/v1", "m", structured="guided_json")
+
+
+def test_server_that_dies_reports_its_log(tmp_path):
+    import sys
+
+    from tider.llm.vllm_server import VLLMServer, VLLMServerError
+
+    # The project venv has no vLLM: the server exits at once, and the error carries why.
+    server = VLLMServer("some-model", python=sys.executable, log_path=tmp_path / "server.log", startup_timeout=30)
+    with pytest.raises(VLLMServerError, match="No module named"):
+        server.start()
+    assert server.process is None
