@@ -64,6 +64,27 @@ def _check_forest(forest: Forest):
     # single parent is structural (dict); no cycles because parents are strictly earlier
     rows = forest_rows(forest, "minute")
     assert sorted(r.message_id for r in rows) == sorted(forest.messages)  # every node once
+    # Eq. 8 linearization: trees by root time, preorder, siblings chronological.
+    roots = [r for r in rows if r.parent == 0]
+    assert [forest.messages[r.message_id].timestamp for r in roots] == sorted(
+        forest.messages[r.message_id].timestamp for r in roots)
+    by_index = {r.index: r for r in rows}
+    assert [x.index for x in rows] == list(range(1, len(rows) + 1))
+    for r in rows:
+        if r.parent:
+            parent = by_index[r.parent]
+            assert parent.index < r.index and r.depth == parent.depth + 1
+            assert forest.parent[r.message_id] == parent.message_id and r.relation == forest.relation[r.message_id]
+        else:
+            assert r.depth == 0 and r.relation == "ROOT"
+    for node in forest.messages:
+        kids = [r for r in rows if r.parent and by_index[r.parent].message_id == node]
+        times = [forest.messages[k.message_id].timestamp for k in kids]
+        assert times == sorted(times)
+        # preorder: a node's subtree is contiguous right after it
+        if kids:
+            first = next(r for r in rows if r.message_id == node)
+            assert kids[0].index == first.index + 1
 
 
 @settings(max_examples=60, deadline=None)

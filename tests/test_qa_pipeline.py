@@ -132,3 +132,11 @@ def test_locator_prompt_is_leak_checked_and_its_tokens_counted(synth, tiny_qwen3
     rows = read_records(tmp_path / "retrieve-prompted.jsonl")
     assert len(rows) == 2 and all(r["record"]["llm"]["calls"] == 1 for r in rows.values())
     assert report["runs"]["prompted/flat"]["llm_tokens"]["locator"]["prompt_tokens"] > 0
+
+
+def test_truncation_ablation_holds_the_budget(synth, tmp_path):
+    cfg = _config(synth, contexts=("forest",), compression="truncate", budget=60, until="compress", selection=False)
+    report = run_qa_eval(synth, cfg, tmp_path, None, None, progress=False)
+    assert report["variant"]["compression"] == "truncate"
+    for row in read_records(tmp_path / "compress-oracle-forest.jsonl").values():
+        assert 0 < row["record"]["tokens"] <= 60 and row["record"]["context"].startswith("TREE 1")
