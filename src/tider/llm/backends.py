@@ -60,7 +60,9 @@ class OpenAIBackend:
         self.structured_supported = structured != "none"
 
     def describe(self) -> dict:
-        return {"backend": "openai", "model": self.model, "chat_template_kwargs": self.chat_template_kwargs}
+        # Structured decoding changes the text, so the mode is part of the cache key.
+        return {"backend": "openai", "model": self.model, "chat_template_kwargs": self.chat_template_kwargs,
+                "structured": self.structured if self.structured_supported else "none"}
 
     def generate(
         self,
