@@ -114,6 +114,22 @@ def evaluate_locator(model_dir, queries, ds, store, builder, reward_names, weigh
     return score_predictions(label, preds, texts, queries, ds, store, builder, reward_names, weights), texts
 
 
+def diagnose(texts, queries, ds) -> dict:
+    """What the locator writes: parse-failure reasons, how many distinct completions, and
+    the share of the most common one (a constant answer means it ignores the prompt)."""
+    from collections import Counter
+
+    from tider.locator.parse import parse_prediction
+
+    reasons = Counter()
+    for text, q in zip(texts, queries):
+        r = parse_prediction(text, granularity=ds.granularity, memory_span=ds.memories[q.memory_key].span)
+        reasons[r.failure.value if r.failure else "ok"] += 1
+    common = Counter(texts).most_common(3)
+    return {"parse": dict(reasons), "distinct_completions": len(set(texts)),
+            "most_common": [{"text": t, "share": n / len(texts)} for t, n in common]}
+
+
 def plot_curves(sft_dir: Path, grpo_dir: Path, out_png: Path, reward_names) -> None:
     import matplotlib
 
@@ -169,8 +185,8 @@ def markdown(results: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/bench_learning")
-    ap.add_argument("--sft-steps", type=int, default=160)
-    ap.add_argument("--grpo-steps", type=int, default=40)
+    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--grpo-steps", type=int, default=60)
     ap.add_argument("--grpo-batch", type=int, default=16, help="completions per step (num_generations=8 each prompt)")
     ap.add_argument("--synthetic-messages", type=int, default=6400, help="6400 x 16 = the default benchmark; less for a smoke run")
     ap.add_argument("--synthetic-conversations", type=int, default=16)
@@ -194,7 +210,10 @@ def main(argv=None) -> int:
     from tider.retrieval.store import RetrievalStore
 
     s_args, s_train, s_model = recipe_args("sft", ["--model_name_or_path", str(base), "--output_dir", str(sft_dir),
-                                                   "--max_steps", str(args.sft_steps), "--logging_steps", "10", *data])
+                                                   "--max_steps", str(args.sft_steps), "--logging_steps", "10",
+                                                   # loss on the prompt too: the date tokens are learned from
+                                                   # the timeline lines (notes/cpu-learnability.md, row 3)
+                                                   "--completion_only_loss", "false", *data])
     ds = load_training_dataset(s_args)
     store = RetrievalStore(ds)
     t0 = time.time()
@@ -241,13 +260,14 @@ def main(argv=None) -> int:
         "bootstrap_grpo_minus_sft": paired_bootstrap_ci(diffs),
         "sources": {name: summarize(r) for name, r in rows.items()},
         "timings_s": timings,
+        "locator_outputs": {"sft": diagnose(sft_texts, test, ds), "grpo": diagnose(grpo_texts, test, ds)},
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))
     with open(out / "per_query.jsonl", "w") as f:
         for name, rs in rows.items():
             for r in rs:
                 f.write(json.dumps(r) + "\n")
-    (out / "completions.json").write_text(json.dumps({"sft": sft_texts[:40], "grpo": grpo_texts[:40]}, indent=1))
+    (out / "completions.json").write_text(json.dumps({"sft": sft_texts, "grpo": grpo_texts}, indent=1))
     plot_curves(sft_dir, grpo_dir, out / "curves.png", reward_names)
     (out / "results.md").write_text(markdown(results))
     print(markdown(results))
