@@ -37,6 +37,11 @@ def test_oracle_gap_and_mcnemar_orientation():
     assert test["p"] == pytest.approx(0.25)  # exact two-sided binomial, 3 of 3
     md = markdown(comparison)
     assert "| recall@1 | 0.167 | 0.667 | 1.000 | 0.600 |" in md
+    # QA accuracy (forest context) joins the table when a reader was configured
+    qa = {"runs": {"locator/forest": {"accuracy": 0.5, "f1": 0.4}, "locator/flat": {"accuracy": 0.1, "f1": 0.1}}}
+    with_qa = build_comparison(report, CompareConfig(baselines=["none"], source_options={"locator": {"url": "x"}}), qa)
+    assert with_qa["table"]["locator"]["qa_accuracy"] == 0.5 and "qa_accuracy" not in with_qa["table"]["none"]
+    assert "qa_accuracy" in markdown(with_qa)
 
 
 def test_oracle_gap_undefined_without_gain():

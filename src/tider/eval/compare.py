@@ -94,8 +94,10 @@ def build_comparison(retrieval_report: dict, config: CompareConfig, qa_report: O
     methods = retrieval_report["methods"]
     qa = {}
     if qa_report is not None:
-        for run in qa_report.get("runs", []):
-            qa[run["window_source"]] = {"qa_accuracy": run["accuracy"], "qa_f1": run["f1"]}
+        for name, run in qa_report.get("runs", {}).items():  # "<window source>/<context>"
+            window_source, _, context = name.partition("/")
+            if context == "forest":
+                qa[window_source] = {"qa_accuracy": run["accuracy"], "qa_f1": run["f1"]}
     # The main cut-off: the one the harness ran McNemar at (20 by default).
     k20 = int(retrieval_report["mcnemar"]["metric"].split("@")[-1])
     table = {}
