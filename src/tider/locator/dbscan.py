@@ -34,11 +34,11 @@ from tider.types import NON_TEMPORAL, Memory, Query, Window, WindowPrediction
 PAPER = DBSCANConfig()  # DBSCANConfig defaults are the paper's values in days
 # Chosen by `python bench/sweep_dbscan.py` on LoCoMo dev, non-test conversations only (883
 # questions; conv-47 held out): best recall@20 among 192 settings that emit windows for at
-# least half the questions: eps 3 days, mu 0.25 per day (paper delta 2 h and pad 12 h kept)
-# -> recall@20 0.537 / hit_all@20 0.593 vs paper-rule 0.532 / 0.588 and no windows 0.543 /
-# 0.591. max_windows 1-3 (densest few clusters) scored lower. The unconstrained best
-# (eps 7 d, delta 1 d) fires on 7% of questions: effectively `none`. See README "Retrieval".
-TUNED = replace(PAPER, eps_days=3.0, mu_per_day=0.25)
+# least half the questions: eps 7 days, mu 0.25 per day, no padding (paper delta 2 h kept)
+# -> recall@20 0.537 / hit_all@20 0.595 vs paper rule 0.523 / 0.576 and no windows
+# 0.543 / 0.591. Keeping only the densest 1-3 clusters (max_windows) scored lower.
+# See README "Retrieval" and runs/sweep_dbscan.json.
+TUNED = replace(PAPER, eps_days=7.0, mu_per_day=0.25, pad_days=0.0)
 
 
 def dbscan_windows(seed_days: np.ndarray, seed_topics: list, config: DBSCANConfig) -> list[tuple[float, float, float, int]]:
