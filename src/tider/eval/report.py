@@ -50,7 +50,9 @@ def markdown(report: dict) -> str:
     for title, key in (("By category (recall@20 / hit_all@20 / n)", "by_category"),
                        ("By gold-window bucket (recall@20 / hit_all@20 / n)", "by_bucket")):
         groups = list(dict.fromkeys(g for per in report[key].values() for g in per))
-        lines += ["", f"## {title}", "", "| method | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
+        names = report.get("category_names", {}) if key == "by_category" else {}
+        header = [f"{g} {names[g]}" if g in names else g for g in groups]
+        lines += ["", f"## {title}", "", "| method | " + " | ".join(header) + " |", "|---" * (len(groups) + 1) + "|"]
         for m, per in report[key].items():
             cells = [f"{per[g].get('recall@20', 0):.3f} / {per[g].get('hit_all@20', 0):.3f} / {per[g]['n']}" if g in per
                      else "-" for g in groups]

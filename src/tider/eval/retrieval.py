@@ -105,8 +105,8 @@ def run_retrieval_eval(dataset: Dataset, config: RetrievalEvalConfig, out_dir: s
         raise ValueError(f"dataset {dataset.name!r}: no queries left to evaluate after filtering")
     manifest = {
         "command": "eval retrieval", "dataset": dataset.name, "data_path": data_path, "data_hash": file_hash(data_path),
-        "n_queries": len(queries),
-        "config": {"methods": list(config.methods), "ks": list(config.ks), "exclude": list(config.exclude_categories),
+        "n_queries": len(queries), "methods": list(config.methods),  # adding methods to a run is fine: one stage each
+        "config": {"ks": list(config.ks), "exclude": list(config.exclude_categories),
                    "memory_keys": config.memory_keys and list(config.memory_keys), "limit": config.limit,
                    "source_options": config.source_options,
                    "retrieval": config.retrieval.to_json()},
@@ -127,5 +127,9 @@ def run_retrieval_eval(dataset: Dataset, config: RetrievalEvalConfig, out_dir: s
     report = build_report(records, config.ks, config.mcnemar_k)
     report["n_queries"] = len(queries)
     report["dataset"] = dataset.name
+    if dataset.name == "locomo":
+        from tider.data import LOCOMO_CATEGORIES
+
+        report["category_names"] = LOCOMO_CATEGORIES
     write_report(report, out_dir)
     return report
