@@ -184,10 +184,10 @@ def plot(comparison: dict, path: str | Path) -> Path:
         ax.bar([j + i * width for j in range(len(methods))],
                [comparison["table"][m].get(metric) or 0.0 for m in methods], width, label=metric)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(methods))], methods)
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 1.02)
     ax.set_title(f"{comparison['dataset']}: {comparison['n_queries']} queries, same retriever")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, ncol=len(metrics), loc="upper left")
+    ax.legend(fontsize=7, ncol=min(len(metrics), 4), loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
