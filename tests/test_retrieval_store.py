@@ -89,3 +89,15 @@ def test_oracle_beats_none_on_a_locomo_slice():
     assert oracle["recall@20"] >= none["recall@20"] + 0.1
     assert oracle["window_iou"] == 1.0 and none["windows_per_query"] == 0
     assert paper["windows_per_query"] > 2  # the session-timestamp pitfall: many windows per question
+
+
+def test_empty_memory_is_a_clear_error(embedder):
+    from tider.retrieval.store import RetrievalStore
+    from tider.types import NON_TEMPORAL
+
+    q = Query("q", "empty", "anything?", T0)
+    store = RetrievalStore(Dataset("x", "day", {"empty": Memory("empty", [])}, [q]), embedder=embedder)
+    with pytest.raises(ValueError, match="memory 'empty' of dataset 'x' has no messages"):
+        store.retrieve(q, NON_TEMPORAL, 5)
+    with pytest.raises(KeyError, match="not in dataset"):
+        store.indexes("missing")

@@ -50,6 +50,9 @@ class RetrievalStore:
             if memory_key not in self.dataset.memories:
                 raise KeyError(f"memory {memory_key!r} not in dataset {self.dataset.name!r}")
             memory = self.dataset.memories[memory_key]
+            if not len(memory):
+                raise ValueError(f"memory {memory_key!r} of dataset {self.dataset.name!r} has no messages: "
+                                 "nothing to index or retrieve")
             cfg = self.config
             emb = self.embedder.encode([render_message(m, cfg.embed_template) for m in memory])
             timeline = build_timeline(memory, self.embedder, cfg.timeline, embeddings=emb)
