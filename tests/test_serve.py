@@ -31,10 +31,13 @@ def test_command_line_for_cpu_venv(export_dir, monkeypatch):
     monkeypatch.setenv("TIDER_API_KEY", "sekret")
     args = _args("--model", str(export_dir), "--dtype", "float32", "--structured-outputs-backend", "xgrammar",
                  "--tensor-parallel-size", "2", "--max-model-len", "2048")
-    cmd = serve.make_server(args).command()
+    server = serve.make_server(args)
+    cmd = server.command()
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     joined = " ".join(cmd)
-    for flag in ("--host 127.0.0.1", "--served-model-name tider-locator", "--api-key sekret", "--dtype float32",
+    # the key reaches vLLM as VLLM_API_KEY in its environment, never in argv (visible in `ps`)
+    assert server.api_key == "sekret" and "sekret" not in joined
+    for flag in ("--host 127.0.0.1", "--served-model-name tider-locator", "--dtype float32",
                  "--max-model-len 2048", "--tensor-parallel-size 2"):
         assert flag in joined, flag
     config = cmd[cmd.index("--structured-outputs-config") + 1]

@@ -32,7 +32,8 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=DEFAULT_SERVED_NAME, help="name clients send as `model`")
-    p.add_argument("--api-key", default=None, help="require this bearer key (default: $TIDER_API_KEY if set)")
+    p.add_argument("--api-key", default=None,
+                   help="require this bearer key (default: $TIDER_API_KEY; prefer the env var, argv is visible in ps)")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per replica (GPU builds)")
     p.add_argument("--dtype", default="auto", help="vLLM --dtype (auto follows the export; float32 on CPU for exact parity)")
