@@ -95,3 +95,21 @@ def test_prompted_source_needs_a_model():
 
     with pytest.raises(ValueError, match="pass url="):
         make_source("prompted")
+
+
+def test_prompted_source_with_a_local_instruction_model(tiny_qwen3_dir):
+    """The zero-shot baseline: the locator prompt to any chat model (here a local checkpoint)."""
+    from datetime import datetime
+
+    from tider.locator.sources import make_source
+    from tider.types import NON_TEMPORAL, Memory, Message, Query
+
+    class Timeline:
+        def top_k(self, text, k):
+            return []
+
+    source = make_source("prompted", model=str(tiny_qwen3_dir), max_tokens=16)
+    assert source.name == "prompted" and source.granularity is None  # any model, any granularity
+    memory = Memory("m", [Message(0, "a", "hello", datetime(2023, 5, 1), "x", "s1")], "minute")
+    pred = source.predict(Query("q", "m", "What happened this morning?", datetime(2023, 5, 1, 12)), memory, Timeline())
+    assert pred == NON_TEMPORAL and sum(source.failures.values()) == 1  # random weights: typed failure, fallback
