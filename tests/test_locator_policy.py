@@ -37,3 +37,4 @@ def test_local_locator_predicts_or_falls_back_to_semantic(tiny_qwen3_dir, tmp_pa
         if outcome.failure:
             assert pred == NON_TEMPORAL
     assert sum(source.failures.values()) == sum(bool(o.failure) for o in source.last_outcomes)
+

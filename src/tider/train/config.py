@@ -34,6 +34,9 @@ class LocatorScriptArguments:
     tiny_num_heads: int = 4
     tiny_vocab_size: int = 2048
     tiny_date_tokens: bool = field(default=True, metadata={"help": "Whole-date tokens for the data's date range."})
+    tiny_structured_date_init: bool = field(
+        default=False, metadata={"help": "Date-token embeddings = shared + year + month + day parts (tider.train.tiny)."}
+    )
     wandb_project: str = field(default="tider", metadata={"help": "wandb project (offline unless WANDB_API_KEY is set)."})
 
 

@@ -69,6 +69,34 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, date_tokens: 
     return fast
 
 
+def init_date_embeddings(model, tokenizer, date_tokens: Iterable[str], seed: int = 0) -> int:
+    """Give each whole-date token the embedding ``(shared + year[Y] + month[M] + day[D]) / 2``
+    (random parts at the embedding table's scale), so dates that share a year or month
+    start close together; the pre-project notes measured faster date learning with it.
+    Returns how many rows were set."""
+    import torch
+
+    table = model.get_input_embeddings().weight
+    dim, scale = table.shape[1], float(table.detach().float().std())
+    gen = torch.Generator().manual_seed(seed)
+    parts: dict[str, torch.Tensor] = {}
+
+    def part(key: str) -> torch.Tensor:
+        if key not in parts:
+            parts[key] = torch.randn(dim, generator=gen) * scale
+        return parts[key]
+
+    n = 0
+    with torch.no_grad():
+        for token in sorted(set(date_tokens)):
+            y, m, d = token.split("-")
+            row = tokenizer.convert_tokens_to_ids(token)
+            vec = (part("shared") + part("y" + y) + part("m" + m) + part("d" + d)) / 2
+            table[row] = vec.to(table.dtype)
+            n += 1
+    return n
+
+
 def build_tiny_qwen3(
     out_dir: str | Path,
     corpus: Iterable[str],
@@ -82,6 +110,7 @@ def build_tiny_qwen3(
     intermediate_size: int = 512,
     max_position_embeddings: int = 4096,
     seed: int = 0,
+    structured_date_init: bool = False,
 ) -> Path:
     """Train a tokenizer on ``corpus``, build a random Qwen3 around it, save both."""
     import torch
@@ -107,6 +136,8 @@ def build_tiny_qwen3(
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
+    if structured_date_init:
+        init_date_embeddings(model, tokenizer, date_tokens, seed=seed)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
     )
