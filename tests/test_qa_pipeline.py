@@ -58,11 +58,23 @@ def test_qa_run_completes_and_resumes(synth, tiny_client, tmp_path):
         assert rec["tokens"] <= cfg.budget or rec["over_budget"]
     # Short one-span synthetic messages: some forests fit, others cannot and say so.
     assert {r["over_budget"] for r in forests} == {False, True}
-    # Resume: a second run redoes nothing.
+    # Resume: a second run redoes only what failed (``partial`` records) and what was
+    # built from a record that changed; everything else is skipped.
+    before = {p.name: read_records(p) for p in tmp_path.glob("*.jsonl")}
     sizes = {p.name: len(_lines(p)) for p in tmp_path.glob("*.jsonl")}
+    partial = {name: {k for k, row in rows.items() if row["status"] == "partial"} for name, rows in before.items()}
+    assert partial["select-oracle.jsonl"], "random weights should leave failed selections to retry"
     again = run_qa_eval(synth, cfg, tmp_path, tiny_client, tiny_client, progress=False)
-    assert {p.name: len(_lines(p)) for p in tmp_path.glob("*.jsonl")} == sizes
-    assert again["runs"] == report["runs"]
+    grown = {p.name: len(_lines(p)) - sizes[p.name] for p in tmp_path.glob("*.jsonl")}
+    assert grown["retrieve-oracle.jsonl"] == 0  # no LLM, nothing failed: untouched
+    assert grown["select-oracle.jsonl"] == len(partial["select-oracle.jsonl"])  # exactly the failures
+    for name, rows in before.items():
+        after = read_records(tmp_path / name)
+        assert set(after) == set(rows)  # no key lost, none added, one latest record per key
+        for k in set(rows) - partial[name]:
+            if after[k]["fingerprint" if "fingerprint" in rows[k] else "key"] == rows[k].get("fingerprint", k):
+                assert after[k] == rows[k]  # same input, finished: not redone
+    assert again["runs"]["oracle/forest"]["n"] == run["n"]
     # A run killed mid-write (torn last line): the record is redone exactly once.
     answers = tmp_path / "answer-oracle-forest.jsonl"
     text = answers.read_text().splitlines(keepends=True)

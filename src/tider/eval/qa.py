@@ -13,9 +13,10 @@ Stages, per window source W and context kind C (``flat`` | ``forest``), one JSON
     judge-W-C       judge verdict (App. I) + LoCoMo token F1             (LLM "judge")
 
 A persistent LLM failure (no JSON, schema mismatch, empty output, transport) is a typed
-error inside an ``ok`` record: selection falls back to the seeds, structuring leaves the
-child a root, a failed answer or an unparsable verdict counts as incorrect. The report
-counts all of them. Every prompt goes through the ``LeakageValidator``; any leak fails
+error inside a ``partial`` record: this run goes on with it (selection falls back to the
+seeds, structuring leaves the child a root, a failed answer or an unparsable verdict
+counts as incorrect) and the report counts all of them; the next run retries exactly
+those records, and the input fingerprints redo whatever was built from them downstream. Every prompt goes through the ``LeakageValidator``; any leak fails
 the run. Each record stores the tokens its LLM calls spent, so the report's per-stage
 token table (T-Mem Table 6 style) survives resumes.
 """
@@ -28,7 +29,7 @@ from typing import Callable, Optional, Sequence
 
 from tider.eval.answer_metrics import answer_f1
 from tider.eval.leakage import LeakageValidator
-from tider.eval.runner import Stage, StageRunner, file_hash
+from tider.eval.runner import Stage, StageRunner, file_hash, fingerprint_of
 from tider.forest.compress import IDF, compress_forest, truncate_to_budget, whitespace_tokens
 from tider.forest.linearize import forest_rows, render_flat, render_forest, rows_to_json
 from tider.forest.prompts import READER_SYSTEM, judge_messages, parse_verdict, prompt_hash, reader_messages
@@ -189,7 +190,7 @@ class QARun:
 
             return _spent(self.selector, "select", call)
 
-        return Stage(f"select-{w}", run)
+        return Stage(f"select-{w}", run, retry_if=lambda rec: rec["errors"] > 0)
 
     def structure_stage(self, w: str) -> Stage:
         selected = self.records[f"select-{w}"]
@@ -212,7 +213,7 @@ class QARun:
 
             return _spent(self.selector if self.config.classifier == "llm" else None, "structure", call)
 
-        return Stage(f"structure-{w}", run)
+        return Stage(f"structure-{w}", run, retry_if=lambda rec: rec["errors"] > 0)
 
     def compress_stage(self, w: str, c: str) -> Stage:
         selected = self.records[f"select-{w}"]
@@ -274,7 +275,7 @@ class QARun:
 
             return _spent(self.reader, "answer", call)
 
-        return Stage(f"answer-{w}-{c}", run)
+        return Stage(f"answer-{w}-{c}", run, retry_if=lambda rec: rec["error"] is not None)
 
     def judge_stage(self, w: str, c: str) -> Stage:
         answers = self.records[f"answer-{w}-{c}"]
@@ -300,7 +301,7 @@ class QARun:
 
             return _spent(self.judge, "judge", call)
 
-        return Stage(f"judge-{w}-{c}", run)
+        return Stage(f"judge-{w}-{c}", run, retry_if=lambda rec: rec.get("error") not in (None, "no_answer"))
 
     # --------------------------------------------------------------------- run
     def run(self, runner: StageRunner, queries: Sequence[Query], progress: bool = True) -> dict:
@@ -314,18 +315,25 @@ class QARun:
         for w in self.config.windows:
             self._run(runner, self.retrieve_stage(w, context), queries, key, progress)
             if "select" in wanted:
-                self._run(runner, self.select_stage(w), queries, key, progress)
+                self._run(runner, self.select_stage(w), queries, key, progress, upstream=[f"retrieve-{w}"])
             if "structure" in wanted and "forest" in self.config.contexts:
-                self._run(runner, self.structure_stage(w), queries, key, progress)
+                self._run(runner, self.structure_stage(w), queries, key, progress, upstream=[f"select-{w}"])
             for c in self.config.contexts:
+                # Each stage names the records it is built from (its input fingerprint).
+                inputs = {"compress": [f"select-{w}"] + ([f"structure-{w}"] if c == "forest" else []),
+                          "answer": [f"compress-{w}-{c}"], "judge": [f"answer-{w}-{c}"]}
                 for name, make in (("compress", self.compress_stage), ("answer", self.answer_stage),
                                    ("judge", self.judge_stage)):
                     if name in wanted:
-                        self._run(runner, make(w, c), queries, key, progress)
+                        self._run(runner, make(w, c), queries, key, progress, upstream=inputs[name])
         return self.records
 
-    def _run(self, runner: StageRunner, stage: Stage, queries, key, progress) -> None:
-        self.records[stage.name] = runner.run(stage, queries, key=key, progress=progress)
+    def _run(self, runner: StageRunner, stage: Stage, queries, key, progress, upstream=()) -> None:
+        fingerprint = None
+        if upstream:
+            sources = [self.records[name] for name in upstream]
+            fingerprint = lambda q: fingerprint_of(*(src.get(q.key) for src in sources))
+        self.records[stage.name] = runner.run(stage, queries, key=key, progress=progress, fingerprint=fingerprint)
         (runner.out_dir / "leaks.json").write_text(json.dumps([l.to_json() for l in self.validator.leaks], indent=1))
         self.validator.raise_if_leaks()
         failed = runner.errors(stage.name)

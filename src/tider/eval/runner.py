@@ -4,10 +4,16 @@ A ``Stage`` is a name plus a function from one item (e.g. a query) to a JSON-abl
 record. ``StageRunner.run(stage, items, key=...)`` appends one line per item to
 ``<out>/<stage>.jsonl``::
 
-    {"key": ..., "stage": ..., "status": "ok" | "error", "record": {...}, "error": "..."}
+    {"key": ..., "stage": ..., "status": "ok" | "partial" | "error", "record": {...},
+     "fingerprint": "...", "error": "..."}
 
 On restart the file is read back: keys whose latest line is ``ok`` are skipped, failed
-keys are retried, a torn last line (a kill mid-write) is ignored and re-done. Lines are
+keys are retried, a torn last line (a kill mid-write) is ignored and re-done.
+``partial`` records (the stage's ``retry_if`` said so, e.g. an LLM call that still failed
+after its bounded retries) are used by this run but retried by the next one. A record
+also stores its input ``fingerprint`` (e.g. a hash of the upstream record it was built
+from): when the input changed, because an upstream stage was retried, the key is redone,
+so a resumed run never mixes a new upstream result with a stale downstream one. Lines are
 flushed one by one, so a SIGKILL loses at most the record being written, and the result
 (latest ``ok`` record per key, in item order) never has duplicates or gaps.
 
@@ -39,6 +45,14 @@ VERSIONED_PACKAGES = ("tider", "torch", "transformers", "trl", "sentence-transfo
 class Stage:
     name: str
     fn: Callable[[object], dict]
+    # record -> True when the record is usable now but should be retried on the next run
+    retry_if: Callable[[dict], bool] | None = None
+
+
+def fingerprint_of(*records: object) -> str:
+    """A short, stable hash of JSON-able inputs (used as a stage's input fingerprint)."""
+    blob = json.dumps(records, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def package_versions(names: Iterable[str] = VERSIONED_PACKAGES) -> dict[str, str | None]:
@@ -101,14 +115,18 @@ class StageRunner:
     def stage_path(self, name: str) -> Path:
         return self.out_dir / f"{name}.jsonl"
 
-    def run(self, stage: Stage, items: Sequence, key: Callable[[object], str], progress: bool = True) -> dict[str, dict]:
+    def run(self, stage: Stage, items: Sequence, key: Callable[[object], str], progress: bool = True,
+            fingerprint: Callable[[object], str] | None = None) -> dict[str, dict]:
         """Run ``stage`` on the items not finished yet; return ``{key: record}`` for every
-        item that succeeded (now or in an earlier run), in item order."""
+        item that succeeded (now or in an earlier run), in item order. ``fingerprint(item)``
+        names the stage's input: a finished record with another fingerprint is redone."""
         path = self.stage_path(stage.name)
-        done = {k for k, row in read_records(path).items() if row.get("status") == "ok"}
         keys = [key(it) for it in items]
         if len(set(keys)) != len(keys):
             raise ValueError(f"stage {stage.name!r}: item keys are not unique")
+        prints = {k: fingerprint(it) for k, it in zip(keys, items)} if fingerprint else {}
+        done = {k for k, row in read_records(path).items()
+                if row.get("status") == "ok" and row.get("fingerprint") == prints.get(k)}
         todo = [(k, it) for k, it in zip(keys, items) if k not in done]
         delay = float(os.environ.get("TIDER_STAGE_DELAY_S", "0"))  # fault-injection hook for resume tests
         if todo:
@@ -121,16 +139,24 @@ class StageRunner:
             with open(path, "a", encoding="utf-8") as f:
                 for k, item in tqdm(todo, desc=stage.name, disable=not progress, leave=False):
                     try:
-                        row = {"key": k, "stage": stage.name, "status": "ok", "record": stage.fn(item)}
+                        record = stage.fn(item)
+                        partial = bool(stage.retry_if and stage.retry_if(record))
+                        row = {"key": k, "stage": stage.name, "status": "partial" if partial else "ok",
+                               "record": record}
                     except Exception as err:  # recorded, retried on the next run, never silently dropped
                         row = {"key": k, "stage": stage.name, "status": "error", "error": repr(err),
                                "traceback": traceback.format_exc(limit=5)}
+                    if k in prints:
+                        row["fingerprint"] = prints[k]
                     f.write(json.dumps(row, default=str) + "\n")
                     f.flush()
                     if delay:
                         time.sleep(delay)
         latest = read_records(path)
-        return {k: latest[k]["record"] for k in keys if k in latest and latest[k].get("status") == "ok"}
+        return {k: latest[k]["record"] for k in keys
+                if k in latest and latest[k].get("status") in ("ok", "partial")}
 
     def errors(self, name: str) -> dict[str, str]:
-        return {k: row.get("error", "") for k, row in read_records(self.stage_path(name)).items() if row.get("status") != "ok"}
+        """Keys whose latest line is an exception (``partial`` records are not errors)."""
+        return {k: row.get("error", "") for k, row in read_records(self.stage_path(name)).items()
+                if row.get("status") == "error"}
