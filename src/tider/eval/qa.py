@@ -152,14 +152,14 @@ class QARun:
 
         if not isinstance(source, ChatWindowSource) or timeline is None:
             return
-        from tider.locator.prompt import _entry_line, _question_block, build_messages
+        from tider.locator.prompt import entry_line, question_block, build_messages
 
         g, public = self.dataset.granularity, query.public()
         entries = timeline.top_k(public.text, source.top_k)
         messages = build_messages(public, entries, g, tokenizer=source.tokenizer,
                                   max_prompt_tokens=source.max_prompt_tokens, top_k=source.top_k)
         self.validator.check_prompt(query, "locator", messages,
-                                    allowed_parts=[_question_block(public, g)] + [_entry_line(e, g) for e in entries],
+                                    allowed_parts=[question_block(public, g)] + [entry_line(e, g) for e in entries],
                                     template_text=messages[0]["content"])
 
     def select_stage(self, w: str) -> Stage:

@@ -76,20 +76,20 @@ def system_prompt(granularity: Granularity, max_windows: int = MAX_WINDOWS) -> s
     )
 
 
-def _question_block(query: Query, granularity: Granularity) -> str:
+def question_block(query: Query, granularity: Granularity) -> str:
     asked = format_time(query.asked_at, granularity)
     who = f" by {query.user}" if query.user else ""
     return f"Question: {query.text}\nAsked at: {asked}{who}"
 
 
-def _entry_line(entry: TimelineEntryLike, granularity: Granularity) -> str:
+def entry_line(entry: TimelineEntryLike, granularity: Granularity) -> str:
     summary = " ".join(str(entry.summary).split())  # one line per entry, whatever the summarizer wrote
     return f"[{format_time(entry.start, granularity)} .. {format_time(entry.end, granularity)}] {summary}"
 
 
 def _render(query: Query, lines_in_time_order: Sequence[str], granularity: Granularity) -> str:
     timeline = "\n".join(lines_in_time_order) if lines_in_time_order else "(no timeline entries)"
-    return f"{_question_block(query, granularity)}\nTimeline:\n{timeline}"
+    return f"{question_block(query, granularity)}\nTimeline:\n{timeline}"
 
 
 def _count_tokens(tokenizer, messages: list[dict]) -> int:
@@ -122,14 +122,14 @@ def build_messages(
 
     def messages_for(n: int) -> list[dict]:
         kept = sorted(ranked[:n], key=lambda e: (e.start, e.end))
-        return [system, {"role": "user", "content": _render(query_public, [_entry_line(e, granularity) for e in kept], granularity)}]
+        return [system, {"role": "user", "content": _render(query_public, [entry_line(e, granularity) for e in kept], granularity)}]
 
     if tokenizer is None:
         return messages_for(len(ranked))
     # Estimate per-line costs once, then confirm with one exact count (BPE is near-additive
     # across newline boundaries, so at most a line or two more gets dropped).
     base = _count_tokens(tokenizer, messages_for(0))
-    costs = [len(tokenizer("\n" + _entry_line(e, granularity))["input_ids"]) for e in ranked]
+    costs = [len(tokenizer("\n" + entry_line(e, granularity))["input_ids"]) for e in ranked]
     n, total = 0, base
     while n < len(ranked) and total + costs[n] <= max_prompt_tokens:
         total += costs[n]
