@@ -28,11 +28,11 @@ def test_default_shape_and_speed():
     assert time.perf_counter() - start < 5.0
     assert len(data.memories) == 16 and data.granularity == "day"
     for key, memory in data.memories.items():
-        assert 300 <= len(memory) <= 500
+        assert 1200 <= len(memory) <= 1600
         assert len({m.speaker for m in memory}) >= 4  # multi-party
-        assert (memory.span.end - memory.span.start).days >= 90  # months, not days
+        assert (memory.span.end - memory.span.start).days >= 300  # about a year, not days
         per_conv = sum(q.memory_key == key for q in data.queries)
-        assert 60 <= per_conv <= 120
+        assert 150 <= per_conv <= 300
     assert set(data.stats["query_types"]) == QUERY_TYPES
     stats = dataset_stats(data)
     assert all(stats["by_window_bucket"][b] > 30 for b in ("0", "1", "2", ">=3"))
@@ -62,7 +62,7 @@ def test_metadata_chains_and_filler(data):
     messages = [m for memory in data.memories.values() for m in memory]
     assert {m.channel for m in messages} >= {"#general", "#events", "#projects"}
     assert {m.phase for m in messages if m.stage is not None} == {"proposal", "revision", "rollback"}
-    assert Counter(m.topic for m in messages)["chatter"] > len(messages) // 3
+    assert Counter(m.topic for m in messages)["chatter"] > len(messages) // 8
     for memory in data.memories.values():  # every chain runs forward in time
         chains = {}
         for m in memory:
@@ -122,6 +122,30 @@ def test_relative_and_anchored_questions_are_unambiguous(data):
             assert gold_day == expected
 
 
+def test_conversations_share_one_calendar_period(data):
+    # A held-out conversation must not need dates the training conversations never show.
+    starts = {memory.span.start.date() for memory in data.memories.values()}
+    ends = {memory.span.end.date() for memory in data.memories.values()}
+    assert len(starts) <= 3 and (max(starts) - min(starts)).days <= 3
+    assert (max(ends) - min(ends)).days <= 14
+
+
+def test_twins_outnumber_the_retrieval_cutoff(data):
+    # The benchmark's point: for a single-instance question about a frequent event, the
+    # near-identical reports from other days far exceed k=20, so only the time cue finds it.
+    def template(text):
+        return re.sub(r"^we picked \S+ as", "we picked _ as", text)
+
+    crowded = []
+    for q in data.queries:
+        if q.category not in ("absolute", "relative", "anchored"):
+            continue
+        memory = data.memory_of(q)
+        gold = template(memory[q.gold.evidence_ids[0]].text)
+        crowded.append(sum(template(m.text) == gold for m in memory) > 2 * 20)
+    assert sum(crowded) > 0.6 * len(crowded)
+
+
 def test_distractors_are_near_identical_and_temporally_wrong(data):
     def template(text):
         return re.sub(r"^we picked \S+ as", "we picked _ as", text)
@@ -139,17 +163,19 @@ def test_distractors_are_near_identical_and_temporally_wrong(data):
 
 
 def test_current_state_follows_the_latest_update(data):
-    checked = 0
+    checked = checked_mid = 0
     for q in data.queries:
         if q.category != "current_state":
             continue
         memory = data.memory_of(q)
         param, project = re.match(r"What is the current (.+) of project (\w+)\?", q.text).groups()
         steps = [m for m in memory if m.stage is not None and f"the {param} of project {project} to " in m.text]
-        assert len(steps) >= 2 and q.gold.evidence_ids == (steps[-1].id,)
-        assert steps[-1].text.endswith(f" to {q.gold.answer}") and steps[-1].timestamp < q.asked_at
+        known = [m for m in steps if m.timestamp < q.asked_at]  # updates after asked_at do not exist yet
+        assert len(known) >= 2 and q.gold.evidence_ids == (known[-1].id,)
+        assert known[-1].text.endswith(f" to {q.gold.answer}")
+        checked_mid += known[-1].id != steps[-1].id
         checked += 1
-    assert checked > 30
+    assert checked > 30 and checked_mid > 10
 
 
 def test_bad_sizes_are_rejected():

@@ -1,14 +1,22 @@
 """The embedded synthetic benchmark: team chat over months, built to need a time locator.
 
-Each conversation (one ``Memory``) is a multi-party chat (4-6 people) over about six
-months (the span grows with the message count so the density stays the same), with
+Each conversation (one ``Memory``) is a multi-party chat (4-6 people) over about a year
+(the span grows with the message count so the density stays the same, ``MESSAGES_PER_DAY``).
+Every conversation of a dataset starts on ``BASE_DATE``: they share one calendar period
+and differ in content, so a locator trained on some conversations has seen every date of
+the others (a held-out conversation in another year would need dates it never saw).
 
 - recurring events (offsite, team lunch, sprint demo, ...) whose instances on different
   days use the *same* three message templates and differ only in one detail (venue,
-  dish, feature ...): semantically similar, temporally wrong distractors;
+  dish, feature ...): semantically similar, temporally wrong distractors. The frequent
+  events recur about weekly (~58 instances in the default conversation), so a question
+  about one instance has far more near-identical twins than the k=20 a retriever returns:
+  only the time cue singles out the gold instance, and a semantic-only retriever misses
+  it most of the time (the problem a window locator exists for);
 - one-off milestones ("the reorg", "the office move") that anchor other questions;
-- state-evolution chains per project parameter: proposal -> revision (-> rollback),
-  tagged with ``phase`` and ``stage``;
+- state-evolution chains per project parameter: proposal -> revisions (-> rollback),
+  tagged with ``phase`` and ``stage``; chains are long (one update every one to three
+  weeks), so "the current value" competes with many stale updates;
 - personal facts that never change (the non-temporal questions);
 - filler chatter.
 
@@ -38,19 +46,23 @@ from typing import Optional
 from tider.data.gold import gold_windows
 from tider.types import Dataset, Gold, Memory, Message, Query
 
-DEFAULT_MESSAGES = 6400
+DEFAULT_MESSAGES = 22400  # 16 x 1400: ~58 twins per frequent event, embeddings still minutes
 DEFAULT_CONVERSATIONS = 16
 BASE_DATE = date(2023, 1, 2)
+MESSAGES_PER_DAY = 3.3  # 1200 messages span ~a year
+REFERENCE_MESSAGES = 1200  # EVENTS counts and chain lengths are per this many messages
 
 PEOPLE = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
-# event type -> (detail attribute, values, channel, instances per 180 days)
+# event type -> (detail attribute, values, channel, instances per REFERENCE_MESSAGES).
+# Five frequent events (about weekly) make the crowding; the monthly budget meeting keeps
+# month-level cues ("in March", "last month") unambiguous.
 EVENTS: dict[str, tuple[str, list[str], str, int]] = {
-    "offsite": ("venue", ["lisbon", "berlin", "oslo", "porto", "vienna", "prague", "madrid", "dublin"], "#events", 4),
-    "team lunch": ("dish", ["pizza", "sushi", "tacos", "ramen", "curry", "salad", "burgers", "pasta"], "#social", 10),
-    "sprint demo": ("feature", ["search", "login", "export", "billing", "chat", "upload", "alerts", "reports"], "#eng", 8),
-    "budget meeting": ("budget", ["10k", "12k", "15k", "18k", "20k", "25k", "30k", "40k"], "#planning", 6),
-    "customer call": ("customer", ["acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "wonka"], "#sales", 8),
-    "design review": ("color", ["red", "blue", "green", "orange", "purple", "teal", "gold", "gray"], "#design", 6),
+    "offsite": ("venue", ["lisbon", "berlin", "oslo", "porto", "vienna", "prague", "madrid", "dublin"], "#events", 50),
+    "team lunch": ("dish", ["pizza", "sushi", "tacos", "ramen", "curry", "salad", "burgers", "pasta"], "#social", 50),
+    "sprint demo": ("feature", ["search", "login", "export", "billing", "chat", "upload", "alerts", "reports"], "#eng", 50),
+    "budget meeting": ("budget", ["10k", "12k", "15k", "18k", "20k", "25k", "30k", "40k"], "#planning", 12),
+    "customer call": ("customer", ["acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "wonka"], "#sales", 50),
+    "design review": ("color", ["red", "blue", "green", "orange", "purple", "teal", "gold", "gray"], "#design", 50),
 }
 MILESTONES = ["kickoff", "reorg", "office move", "security audit", "v2 launch", "hiring freeze", "rebrand", "merger"]
 PROJECTS = ["apollo", "borealis", "cobalt", "delta", "ember", "falcon"]
@@ -128,17 +140,18 @@ class _Conversation:
     def __init__(self, key: str, n_messages: int, rng: random.Random, start: date):
         self.key, self.rng, self.start = key, rng, start
         scale = max(n_messages, 40) / 400
-        self.n_days = max(30, round(180 * scale))
+        self.n_days = max(30, round(n_messages / MESSAGES_PER_DAY))
+        per_reference = max(n_messages, 40) / REFERENCE_MESSAGES
         self.people = rng.sample(PEOPLE, rng.randint(4, 6))
         self.raw: list[_Raw] = []
         self.instances: dict[str, list[_Instance]] = {}
         self.milestones: dict[str, tuple[date, int]] = {}
         self.chains: list[tuple[str, str, list[tuple[date, str, int]]]] = []
         self.facts: list[tuple[str, str, str, int]] = []
-        self._events(scale)
+        self._events(per_reference)
         self._milestones(scale)
-        self._chains(scale)
-        self._facts()
+        self._chains(scale, per_reference)
+        self._facts(min(len(FACTS), max(2, round(4 * per_reference))))
         for _ in range(max(0, n_messages - len(self.raw))):
             day = self._day()
             self._say(day, time(rng.randint(8, 19), rng.randint(0, 59)), rng.choice(FILLER).format(p=rng.choice(self.people)),
@@ -155,11 +168,14 @@ class _Conversation:
                              channel, topic, phase, stage))
         return ref
 
-    def _events(self, scale: float) -> None:
+    def _events(self, per_reference: float) -> None:
         rng = self.rng
         for event, (attr, values, channel, per_span) in EVENTS.items():
-            count = min(self.n_days, max(1, round(per_span * scale)))
-            days = sorted(self.start + timedelta(days=d) for d in rng.sample(range(self.n_days), count))
+            count = min(self.n_days, max(1, round(per_span * per_reference)))
+            # One instance per equal slice of the span (a recurring event, not a random
+            # clump), so "last week" / "in March" often name exactly one instance.
+            cuts = [round(i * self.n_days / count) for i in range(count + 1)]
+            days = [self.start + timedelta(days=rng.randrange(lo, hi)) for lo, hi in zip(cuts, cuts[1:])]
             instances = []
             for day in days:
                 value, hour, minute = rng.choice(values), rng.randint(9, 16), rng.randint(0, 40)
@@ -178,27 +194,34 @@ class _Conversation:
             self._say(day, time(12, self.rng.randint(0, 50)), f"the {name} is done, great work everyone", "#general", name, "milestone")
             self.milestones[name] = (day, ref)
 
-    def _chains(self, scale: float) -> None:
+    def _chains(self, scale: float, per_reference: float) -> None:
         pairs = [(p, q) for p in PROJECTS for q in PARAMS]
         rng = self.rng
-        for project, param in rng.sample(pairs, min(len(pairs), max(1, round(6 * scale)))):
+        last_day = self.start + timedelta(days=self.n_days - 1)
+        for project, param in rng.sample(pairs, min(len(pairs), max(1, round(2 * scale)))):
             first, second = rng.sample(PARAMS[param], 2)
-            day0 = self._day(0, max(0, self.n_days - 40))
-            steps = [(day0, "proposal", f"proposal: set the {param} of project {project} to {first}", first)]
-            day1 = day0 + timedelta(days=rng.randint(5, 18))
-            steps.append((day1, "revision", f"revision: change the {param} of project {project} to {second}", second))
+            day = self._day(0, max(0, self.n_days // 8))
+            steps = [(day, "proposal", f"proposal: set the {param} of project {project} to {first}", first)]
+            value, revisions = first, max(1, round(24 * per_reference))
+            for _ in range(revisions):  # many stale updates before the current one
+                day += timedelta(days=rng.randint(5, 18))
+                if steps[1:] and day > last_day:
+                    break
+                value = rng.choice([v for v in PARAMS[param] if v != value])
+                steps.append((day, "revision", f"revision: change the {param} of project {project} to {value}", value))
             if rng.random() < 0.5:
-                day2 = day1 + timedelta(days=rng.randint(5, 18))
-                steps.append((day2, "rollback", f"rollback: revert the {param} of project {project} to {first}", first))
+                day = day + timedelta(days=rng.randint(5, 18))
+                previous = steps[-2][3]
+                steps.append((day, "rollback", f"rollback: revert the {param} of project {project} to {previous}", previous))
             chain = []
             for stage, (day, phase, text, value) in enumerate(steps):
                 ref = self._say(day, time(rng.randint(9, 17), rng.randint(0, 59)), text, "#projects", project, phase, stage)
                 chain.append((day, value, ref))
             self.chains.append((project, param, chain))
 
-    def _facts(self) -> None:
+    def _facts(self, per_person: int) -> None:
         for person in self.people:
-            for fact in self.rng.sample(sorted(FACTS), 2):
+            for fact in self.rng.sample(sorted(FACTS), per_person):
                 value = self.rng.choice(FACTS[fact])
                 ref = self._say(self._day(), time(self.rng.randint(8, 19), self.rng.randint(0, 59)),
                                 f"fyi my {fact} is {value}", "#general", "about me", speaker=person)
@@ -273,11 +296,17 @@ class _Conversation:
         return self._q_multi(3)
 
     def q_current_state(self):
+        """Asked at the end (the last update is current) or between two updates (the
+        latest one before ``asked_at`` is current; later ones do not exist yet)."""
         if not self.chains:
             return None
         project, param, chain = self.rng.choice(self.chains)
-        _, value, ref = chain[-1]
-        return f"What is the current {param} of project {project}?", value, [ref], None
+        step = self.rng.randrange(1, len(chain))  # at least one stale update before it
+        day, value, ref = chain[step]
+        asked = None
+        if step + 1 < len(chain):
+            asked = day + timedelta(days=self.rng.randint(1, (chain[step + 1][0] - day).days - 1))
+        return f"What is the current {param} of project {project}?", value, [ref], asked
 
     def q_non_temporal(self):
         person, fact, value, ref = self.rng.choice(self.facts)
@@ -298,7 +327,7 @@ def generate(n_messages: int = DEFAULT_MESSAGES, seed: int = 0, n_conversations:
         rng = random.Random(f"tider-synth:{seed}:{c}")
         key = f"synth-{c:03d}"
         n_conv = n_messages // n_conversations + (c < n_messages % n_conversations)
-        conv = _Conversation(key, n_conv, rng, BASE_DATE + timedelta(days=rng.randint(0, 365)))
+        conv = _Conversation(key, n_conv, rng, BASE_DATE)
         order = sorted(conv.raw, key=lambda r: (r.ts, r.ref))
         id_of_ref = {r.ref: i for i, r in enumerate(order)}
         messages = [
@@ -330,7 +359,7 @@ def generate(n_messages: int = DEFAULT_MESSAGES, seed: int = 0, n_conversations:
 
 
 def default_dataset(seed: int = 0) -> Dataset:
-    """The embedded default: 16 conversations x 400 messages (~80 queries each)."""
+    """The embedded default: 16 conversations x 1400 messages (~240 queries each)."""
     return generate(DEFAULT_MESSAGES, seed=seed, n_conversations=DEFAULT_CONVERSATIONS)
 
 
