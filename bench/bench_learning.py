@@ -4,7 +4,9 @@
 
 Stages (each skipped when its output exists, so an interrupted run resumes):
 1. SFT (configs/sft/tiny-cpu.yaml, --sft-steps) on the train split of the default
-   synthetic benchmark (16 conversations, split by conversation, seed 0);
+   synthetic benchmark (16 conversations x 1400 messages, split by conversation, seed 0;
+   every conversation covers the same calendar year, so test dates are seen in training),
+   tiny model with structured date-embedding init;
 2. held-out evaluation of the SFT checkpoint: greedy locator predictions on the *test*
    split, scored with the GRPO reward functions themselves (composite = the recipe's
    reward_weights) plus evidence recall@20 and window IoU per query type;
@@ -188,7 +190,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--grpo-steps", type=int, default=60)
     ap.add_argument("--grpo-batch", type=int, default=16, help="completions per step (num_generations=8 each prompt)")
-    ap.add_argument("--synthetic-messages", type=int, default=6400, help="6400 x 16 = the default benchmark; less for a smoke run")
+    ap.add_argument("--synthetic-messages", type=int, default=22400, help="22400 x 16 = the default benchmark; less for a smoke run")
+    ap.add_argument("--structured-date-init", action=argparse.BooleanOptionalAction, default=True,
+                    help="tiny model's date embeddings = shared + year + month + day parts (notes/cpu-learnability.md)")
     ap.add_argument("--synthetic-conversations", type=int, default=16)
     ap.add_argument("--max-test-queries", type=int, default=None)
     args = ap.parse_args(argv)
@@ -213,7 +217,8 @@ def main(argv=None) -> int:
                                                    "--max_steps", str(args.sft_steps), "--logging_steps", "10",
                                                    # loss on the prompt too: the date tokens are learned from
                                                    # the timeline lines (notes/cpu-learnability.md, row 3)
-                                                   "--completion_only_loss", "false", *data])
+                                                   "--completion_only_loss", "false",
+                                                   "--tiny_structured_date_init", str(args.structured_date_init).lower(), *data])
     ds = load_training_dataset(s_args)
     store = RetrievalStore(ds)
     t0 = time.time()
