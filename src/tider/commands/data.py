@@ -19,7 +19,7 @@ def register(subparsers) -> None:
 
     synth = sub.add_parser("synth", help="write the synthetic benchmark in the generic JSONL format")
     synth.add_argument("--out", required=True, help="output directory (messages.jsonl, queries.jsonl, dataset.json)")
-    synth.add_argument("--messages", type=int, default=6400, help="total messages (default: the embedded default size)")
+    synth.add_argument("--messages", type=int, default=None, help="total messages (default: the embedded default size)")
     synth.add_argument("--conversations", type=int, default=16)
     synth.add_argument("--seed", type=int, default=0)
     synth.set_defaults(func=run_synth)
@@ -59,9 +59,9 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_synth(args: argparse.Namespace) -> int:
-    from tider.data.synth import generate, write
+    from tider.data.synth import DEFAULT_MESSAGES, generate, write
 
-    dataset = generate(args.messages, seed=args.seed, n_conversations=args.conversations)
+    dataset = generate(args.messages or DEFAULT_MESSAGES, seed=args.seed, n_conversations=args.conversations)
     root = write(dataset, args.out)
     print(f"wrote {sum(len(m) for m in dataset.memories.values())} messages, {len(dataset.queries)} queries to {root}")
     return 0
