@@ -72,7 +72,7 @@ def test_qa_run_completes_and_resumes(synth, tiny_client, tmp_path):
         after = read_records(tmp_path / name)
         assert set(after) == set(rows)  # no key lost, none added, one latest record per key
         for k in set(rows) - partial[name]:
-            if after[k]["fingerprint" if "fingerprint" in rows[k] else "key"] == rows[k].get("fingerprint", k):
+            if after[k].get("fingerprint") == rows[k].get("fingerprint"):
                 assert after[k] == rows[k]  # same input, finished: not redone
     assert again["runs"]["oracle/forest"]["n"] == run["n"]
     # A run killed mid-write (torn last line): the record is redone exactly once.
