@@ -23,10 +23,10 @@ windows), ``timeline`` (top-m timeline entries by similarity become the windows)
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
+from tider.registry import Registry
 from tider.types import NON_TEMPORAL, Gold, Memory, Query, WindowPrediction
 
 
@@ -50,8 +50,6 @@ class BaseSource:
         return [self.predict(q, m, t) for q, m, t in zip(queries, memories, timelines)]
 
 
-_REGISTRY: dict[str, Callable[..., WindowSource]] = {}
-
 # name -> module that registers it when imported (kept lazy: heavy deps, other owners).
 LAZY_SOURCES: dict[str, str] = {
     "dbscan-paper": "tider.locator.dbscan",
@@ -60,38 +58,15 @@ LAZY_SOURCES: dict[str, str] = {
     "locator": "tider.locator.policy",
     "prompted": "tider.locator.prompted",
 }
+SOURCES: Registry[Callable[..., WindowSource]] = Registry("window source", lazy=LAZY_SOURCES)
+register_source = SOURCES.register  # class/factory decorator; a duplicate name is an error
+known_sources = SOURCES.known
 
-
-def register_source(name: str):
-    """Class/factory decorator adding ``name`` to the registry (duplicates are an error)."""
-
-    def wrap(factory):
-        if name in _REGISTRY:
-            raise ValueError(f"window source {name!r} is already registered by {_REGISTRY[name]!r}")
-        _REGISTRY[name] = factory
-        return factory
-
-    return wrap
-
-
-def known_sources() -> list[str]:
-    return sorted(set(_REGISTRY) | set(LAZY_SOURCES))
-
-
-def _factory(name: str) -> Callable[..., WindowSource]:
-    if name not in _REGISTRY and name in LAZY_SOURCES:
-        try:
-            importlib.import_module(LAZY_SOURCES[name])
-        except ModuleNotFoundError as err:
-            raise ValueError(f"window source {name!r} lives in {LAZY_SOURCES[name]}, which is not available: {err}") from err
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown window source {name!r}; known: {', '.join(known_sources())}")
-    return _REGISTRY[name]
 
 
 def make_source(name: str, **kwargs) -> WindowSource:
     """Build the registered source ``name`` with ``kwargs`` (strict: bad kwargs raise)."""
-    return _factory(name)(**kwargs)
+    return SOURCES.get(name)(**kwargs)
 
 
 def make_source_from_context(name: str, context: Mapping[str, object], **kwargs) -> WindowSource:
@@ -99,7 +74,7 @@ def make_source_from_context(name: str, context: Mapping[str, object], **kwargs)
     ``gold_by_key``) that the factory's signature names, plus
     ``context["source_options"][name]`` (e.g. ``{"locator": {"url": URL}}``); used by the
     evaluation runners, which do not know what each source needs."""
-    factory = _factory(name)
+    factory = SOURCES.get(name)
     params = inspect.signature(factory).parameters
     # Only parameters the factory names: a ``**kwargs`` factory (``dbscan``, ``locator``)
     # forwards its kwargs to a config or another builder, which would reject context

@@ -29,27 +29,15 @@ from typing import Any, Callable, Optional, Sequence
 
 from tider.eval import scoring
 from tider.locator.parse import ParseFailure, ParseResult, parse_prediction
+from tider.registry import Registry
 from tider.types import GRANULARITY_UNIT, Dataset, Window, WindowPrediction, floor_time
 from dateutil.parser import isoparse
 
 RewardFn = Callable[..., list[float]]
-_REGISTRY: dict[str, Callable] = {}
-
-
-def register_reward(name: str):
-    """Register ``fn(completions, *, ctx, parsed, **columns) -> list[float]`` under ``name``."""
-
-    def deco(fn):
-        if name in _REGISTRY:
-            raise ValueError(f"reward {name!r} is already registered (by {_REGISTRY[name].__qualname__})")
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
-
-
-def known_rewards() -> list[str]:
-    return sorted(_REGISTRY)
+# ``fn(completions, *, ctx, parsed, **columns) -> list[float]`` by name.
+REWARDS: Registry[Callable] = Registry("reward")
+register_reward = REWARDS.register  # a duplicate name is an error
+known_rewards = REWARDS.known
 
 
 @dataclass
@@ -289,7 +277,7 @@ def _answer_correct(completions, *, ctx, parsed, query_key, answer, **kw) -> lis
 def make_rewards(names: Sequence[str], context: Optional[RewardContext] = None) -> list[RewardFn]:
     """TRL-ready reward callables for ``names`` (in order), named after the registry names."""
     context = context or RewardContext()
-    unknown = [n for n in names if n not in _REGISTRY]
+    unknown = [n for n in names if n not in REWARDS]
     if unknown:
         raise ValueError(f"unknown reward(s) {unknown}; known rewards: {known_rewards()}")
     if len(set(names)) != len(names):
@@ -298,7 +286,7 @@ def make_rewards(names: Sequence[str], context: Optional[RewardContext] = None) 
 
 
 def _bind(name: str, ctx: RewardContext, log_failures: bool) -> RewardFn:
-    impl = _REGISTRY[name]
+    impl = REWARDS.get(name)
 
     def reward(prompts=None, completions=None, completion_ids=None, log_metric=None, log_extra=None, **columns):
         parsed = _parse_all(completions, columns, ctx)
