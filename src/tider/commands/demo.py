@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-DEMO_KS = (1, 3, 5, 10, 20)
+DEMO_KS = (5, 10, 20, 50)
 
 
 def register(subparsers) -> None:
@@ -32,7 +32,9 @@ def register(subparsers) -> None:
     p.add_argument("--dataset", default="synthetic", help="dataset loader (synthetic is generated into --out/data)")
     p.add_argument("--path", default=None, help="dataset file for file-backed loaders (e.g. LoCoMo JSON)")
     p.add_argument("--out", default="runs/demo", help="run folder")
-    p.add_argument("--synthetic-messages", type=int, default=1600, help="size of the generated synthetic benchmark")
+    # 800 messages a conversation: ~33 near-identical twins per frequent event, more than the
+    # k=20 a retriever returns, so the demo shows the crowding the locator exists for.
+    p.add_argument("--synthetic-messages", type=int, default=6400, help="size of the generated synthetic benchmark")
     p.add_argument("--synthetic-conversations", type=int, default=8)
     p.add_argument("--sft-steps", type=int, default=None, help="override the SFT recipe's max_steps")
     p.add_argument("--grpo-steps", type=int, default=None, help="override the GRPO recipe's max_steps")
@@ -194,11 +196,9 @@ def _serve_and_compare(args, dataset, data_path, export_dir: Path, out: Path, dt
             options = {"locator": {"url": server.base_url}}
         _done(t0, times, "serve")
         t0 = _banner("7/7", f"compare on the {args.split} split")
-        # Demo memories hold ~200 messages, so recall saturates by k=20: small cut-offs
-        # carry the differences, and McNemar runs at k=5.
         config = CompareConfig(baselines=[b for b in args.baselines.split(",") if b], source_options=options,
                                memory_keys=memory_keys, limit=args.limit, retrieval=RetrievalConfig(),
-                               ks=DEMO_KS, mcnemar_k=5)
+                               ks=DEMO_KS, mcnemar_k=20)
         # overwrite: the locator behind the URL may be a new model (or the port a new one).
         comparison = run_compare(dataset, config, out / "compare", data_path=data_path, overwrite=True)
         _done(t0, times, "compare")
