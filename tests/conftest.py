@@ -12,14 +12,14 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 _TINY_CORPUS = [
-    'Caroline went to the LGBTQ support group on 2023-05-07 and felt inspired.',
-    'Melanie painted a sunrise by the lake last year.',
+    'Alice went to the book club on 2023-05-07 and felt inspired.',
+    'Bob repainted the office kitchen last year.',
     '{"temporal": true, "windows": [{"start": "2023-05-01", "end": "2023-05-08"}]}',
     '{"temporal": false, "windows": []}',
     '{"key": [1, 2], "support": [3]}',
     '{"relation": "UPDATE", "confidence": 0.8}',
     'Answer the question using the context. Final: Correct Final: Incorrect',
-    'When did Caroline move to Sweden? She moved four years ago.',
+    'When did Alice move to Lisbon? She moved two years ago.',
 ]
 
 

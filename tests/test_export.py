@@ -22,11 +22,11 @@ from tider.train.export import (  # noqa: E402
 from tider.train.tiny import build_tiny_qwen3, iso_dates  # noqa: E402
 
 CORPUS = [
-    "Question: When did Caroline go to the support group? Asked at: 2023-06-01",
-    "Timeline: [2023-05-07 .. 2023-05-09] Caroline went to a support group.",
+    "Question: When did Alice go to the book club? Asked at: 2023-06-01",
+    "Timeline: [2023-05-07 .. 2023-05-09] Alice went to a book club.",
     '{"temporal": true, "windows": [{"start": "2023-05-07", "end": "2023-05-09"}]}',
     '{"temporal": false, "windows": []}',
-    "Melanie painted a sunrise and ran a charity race last month.",
+    "Bob repainted the office and ran a city marathon last month.",
 ] * 20
 
 

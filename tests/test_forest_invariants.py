@@ -136,9 +136,9 @@ def test_eligible_parents_respect_time_topic_stage():
 
 def test_hand_checked_compression():
     # Corpus of 4 messages -> idf(u) = log(5 / (df + 1)) + 1.
-    parent = Message(0, "a", "Caroline adopted a dog.", T0, "Caroline", "s")
+    parent = Message(0, "a", "Alice adopted a dog.", T0, "Alice", "s")
     child = Message(1, "b", "The dog is happy. Sweden is far away. We walk daily in the park",
-                    T0 + timedelta(days=1), "Caroline", "s")
+                    T0 + timedelta(days=1), "Alice", "s")
     other = [Message(2, "c", "The park is green.", T0, "Mel", "s"), Message(3, "d", "Happy dog.", T0, "Mel", "s")]
     forest = Forest({0: parent, 1: child}, parent={1: 0}, relation={0: "ROOT", 1: "EXPAND"})
     idf = IDF(m.text for m in [parent, child] + other)
@@ -161,8 +161,8 @@ def test_hand_checked_compression():
     text = render_forest(forest_rows(forest, "day", comp))
     assert text.splitlines() == [
         "TREE 1",
-        "[1] parent=0 ROOT depth=0 time=2023-01-01 author=Caroline: Caroline adopted a dog.",
-        "  [2] parent=1 EXPAND depth=1 time=2023-01-02 author=Caroline: Sweden is far away.",
+        "[1] parent=0 ROOT depth=0 time=2023-01-01 author=Alice: Alice adopted a dog.",
+        "  [2] parent=1 EXPAND depth=1 time=2023-01-02 author=Alice: Sweden is far away.",
     ]
 
 

@@ -77,7 +77,7 @@ def test_unreachable_server_gives_error_results():
 def test_local_hf_backend_batch_matches_single(tiny_qwen3_dir, tmp_path):
     backend = LocalHFBackend(str(tiny_qwen3_dir), batch_size=4, chat_template_kwargs={"enable_thinking": False})
     client = LLMClient(backend, cache=LLMCache(tmp_path / "c.sqlite"), max_retries=0)
-    batch = [[{"role": "user", "content": t}] for t in ("hello", "When did Caroline move?", "x")]
+    batch = [[{"role": "user", "content": t}] for t in ("hello", "When did Alice move?", "x")]
     together = client.chat_batch(batch, stage="answer", max_tokens=6)
     single = LLMClient(backend, max_retries=0).chat(batch[1], stage="answer", max_tokens=6)
     assert together[1].text == single.text  # greedy + left padding: batching does not change outputs

@@ -28,5 +28,5 @@ def test_verdict_and_ids():
 def test_think_only_reply_is_empty():
     from tider.llm.jsonout import strip_think
 
-    assert strip_think("<think>Caroline moved in May.</think>\n\n").strip() == ""
+    assert strip_think("<think>Alice moved in May.</think>\n\n").strip() == ""
     assert strip_think("<think>x</think> Sweden").strip() == "Sweden"

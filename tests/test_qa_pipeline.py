@@ -106,19 +106,19 @@ def test_planted_gold_answer_fails_the_run(synth, tiny_client, tmp_path, monkeyp
     assert json.loads((tmp_path / "leaks.json").read_text())
 
 
-def _query(answer, evidence=(), text="Where did Caroline move?", user="Mel"):
+def _query(answer, evidence=(), text="Where did Alice move?", user="Mel"):
     return Query("q1", "m", text, None, user=user, gold=Gold(answer=answer, evidence_ids=tuple(evidence)))
 
 
 def test_validator_rules():
     from datetime import datetime
 
-    memory = Memory("m", [Message(0, "a", "Caroline moved to Sweden in spring 2022 for a new job.", datetime(2022, 3, 1),
-                                  "Caroline", "s")])
+    memory = Memory("m", [Message(0, "a", "Alice moved to Sweden in spring 2022 for a new job.", datetime(2022, 3, 1),
+                                  "Alice", "s")])
     v = LeakageValidator({"m": memory})
-    ctx = "[1] Caroline moved to Sweden in spring 2022 for a new job."
+    ctx = "[1] Alice moved to Sweden in spring 2022 for a new job."
     msgs = lambda extra="": [{"role": "system", "content": "Answer concisely." + extra},
-                             {"role": "user", "content": "Question: Where did Caroline move?\n" + ctx}]
+                             {"role": "user", "content": "Question: Where did Alice move?\n" + ctx}]
     # gold evidence / answer inside the retrieved context is fine
     assert v.check_prompt(_query("Sweden", [0]), "answer", msgs(), allowed_parts=[ctx], context_ids=[0],
                           produced_ids=[0, 3]) == []
@@ -130,7 +130,7 @@ def test_validator_rules():
     leaks = v.check_prompt(_query("Sweden"), "answer", msgs(), allowed_parts=[ctx], context_ids=[0], produced_ids=[5])
     assert [l.kind for l in leaks] == ["context_not_from_retrieval"]
     # an answer that the question itself contains, or that the asking user is, is not a leak
-    assert v.check_prompt(_query("Mel", text="Did Mel or Caroline move?"), "answer", msgs(), allowed_parts=[ctx]) == []
+    assert v.check_prompt(_query("Mel", text="Did Mel or Alice move?"), "answer", msgs(), allowed_parts=[ctx]) == []
     # short / generic answers are not checkable (noise), a word inside another word does not match
     assert checkable_answer("Yes") is None and checkable_answer("3") is None and checkable_answer("12") == "12"
     assert v.check_prompt(_query("con"), "answer", msgs(" concise"), allowed_parts=[ctx]) == []

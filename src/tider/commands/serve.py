@@ -104,10 +104,10 @@ def check_request(base_url: str, model: str, granularity: str, api_key: str | No
         def __init__(self, start, end, summary):
             self.start, self.end, self.summary = start, end, summary
 
-    query = Query(key="serve-check", memory_key="m", text="When did Caroline go to the support group?",
-                  asked_at=datetime(2023, 6, 1), user="Melanie")
-    entries = [Entry(datetime(2023, 5, 7), datetime(2023, 5, 8), "Caroline went to a support group."),
-               Entry(datetime(2023, 3, 2), datetime(2023, 3, 2), "Melanie painted a sunrise.")]
+    query = Query(key="serve-check", memory_key="m", text="When did Alice go to the book club?",
+                  asked_at=datetime(2023, 6, 1), user="Bob")
+    entries = [Entry(datetime(2023, 5, 7), datetime(2023, 5, 8), "Alice went to a book club."),
+               Entry(datetime(2023, 3, 2), datetime(2023, 3, 2), "Bob repainted the office.")]
     client = endpoint_client(base_url, model=model, api_key=api_key)
     [outcome] = predict_batch(client, [(query, entries)], granularity)
     return {"raw": outcome.text, "prediction": outcome.prediction_json(granularity), "failure": outcome.failure}

@@ -5,8 +5,8 @@ node is the tuple (index, parent index, relation, depth, time, author, text), in
 1-based and parent 0 for roots, rendered one line per node, indented by depth:
 
     TREE 1
-    [1] parent=0 ROOT depth=0 time=2023-05-07 author=Caroline: I went to the support group.
-      [2] parent=1 UPDATE depth=1 time=2023-06-01 author=Caroline: I moved to the new group.
+    [1] parent=0 ROOT depth=0 time=2023-05-07 author=Alice: I went to the book club.
+      [2] parent=1 UPDATE depth=1 time=2023-06-01 author=Alice: I moved to the new group.
 
 Flat: messages in retrieval-rank order, one per line.
 """
