@@ -12,7 +12,7 @@ TOY = ["--synthetic-messages", "600", "--synthetic-conversations", "3", "--sft-s
        "--no-serve", "--limit", "6",
        # to both TrlParser recipes:
        "--tiny_hidden_size", "64", "--tiny_num_layers", "2", "--tiny_num_heads", "2", "--tiny_vocab_size", "1024",
-       "--timeline_top_k", "4", "--max_prompt_tokens", "256", "--report_to", "none", "--save_strategy", "no"]
+       "--prompt_lines", "4", "--max_prompt_tokens", "256", "--report_to", "none", "--save_strategy", "no"]
 
 
 @pytest.mark.slow
@@ -26,7 +26,7 @@ def test_demo_runs_every_stage_then_resumes(tmp_path, capsys):
         assert step in printed
     export = json.loads((out / "export" / "export_report.json").read_text())
     assert export["greedy_identical"] and export["dtype"] == "float32"
-    assert json.loads((out / "export" / "tider_locator.json").read_text())["timeline_top_k"] == 4
+    assert json.loads((out / "export" / "tider_locator.json").read_text())["prompt_settings"]["lines"]["max_lines"] == 4
     comparison = json.loads((out / "compare" / "compare.json").read_text())
     assert comparison["methods"] == ["none", "dbscan-tuned", "timeline", "locator", "oracle"]
     assert comparison["n_queries"] == 6

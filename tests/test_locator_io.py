@@ -1,74 +1,133 @@
-"""The locator's I/O contract: prompt building (ranking, truncation, no gold) and the parser."""
+"""The locator's I/O contract (locator-v2): prompt building (cues, tagged lines, truncation, no gold),
+the bounded output schema, and the parser with references."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import jsonschema
 import pytest
 
-from tider.locator.parse import ParseFailure, parse_prediction
-from tider.locator.prompt import OUTPUT_SCHEMA, PROMPT_VERSION, build_messages
+from tider.locator.parse import ParseFailure, Refs, parse_prediction
+from tider.locator.prompt import OUTPUT_SCHEMA, PROMPT_VERSION, PromptSettings, locator_input
 from tider.types import Gold, Query, Window
 
 
-@dataclass(frozen=True)
-class Entry:
-    start: datetime
-    end: datetime
-    summary: str
-
-
 def _query(**gold):
-    return Query("q1", "m1", "When did we go to the offsite in lisbon?", datetime(2023, 6, 1, 9), user="alice",
-                 category="absolute", gold=Gold(**gold))
+    return Query("q1", "m1", "Which venue did we pick at the offsite last week?", datetime(2023, 5, 10, 18), user="alice",
+                 category="relative", gold=Gold(**gold))
 
 
-RANKED = [Entry(datetime(2023, 5, i + 1), datetime(2023, 5, i + 2), f"event number {i} with some words") for i in range(10)][::-1]
+def _timeline(n_days: int = 20):
+    """One message a day from 2023-04-21: an offsite report every other day, filler between;
+    one entry per message; embeddings that make offsite reports the relevant ones."""
+    import numpy as np
+
+    from tider.retrieval.timeline import ExtractiveSummarizer, Timeline, TimelineEntry
+    from tider.types import Memory, Message
+
+    msgs = [Message(i, f"k{i}", f"we picked venue{i} as the venue at the offsite" if i % 2 == 0 else "coffee anyone?",
+                    datetime(2023, 4, 21, 10) + timedelta(days=i), "bob" if i % 2 == 0 else "erin", "s")
+            for i in range(n_days)]
+    memory = Memory("m1", msgs)
+    emb = np.array([[1.0, 0.0] if i % 2 == 0 else [0.0, 1.0] for i in range(n_days)], dtype=np.float32)
+    entries = [TimelineEntry(m.timestamp, m.timestamp, (m.id,), m.text) for m in memory]
+    return memory, Timeline(entries, emb, memory=memory, embeddings=emb, summarizer=ExtractiveSummarizer())
 
 
-def test_prompt_has_question_time_user_and_entries_in_time_order():
-    system, user = build_messages(_query(), RANKED, "day")
+def _input(settings=None, tokenizer=None, asked=datetime(2023, 5, 10, 18)):
+    import numpy as np
+
+    from tider.locator.rules import TimeCue
+
+    memory, timeline = _timeline()
+    week = TimeCue("last week", Window(datetime(2023, 5, 1), datetime(2023, 5, 7, 23, 59, 59, 999999)))
+    return locator_input(_query(), memory, timeline.visible(asked), [week], "day", settings or PromptSettings(),
+                         query_vector=np.array([1.0, 0.0], dtype=np.float32), tokenizer=tokenizer)
+
+
+def test_prompt_question_first_cues_and_tagged_lines_in_time_order():
+    table = _input()
+    system, user = table.messages
     assert system["role"] == "system" and "YYYY-MM-DD" in system["content"]
     text = user["content"]
-    assert "Question: When did we go to the offsite in lisbon?" in text
-    assert "Asked at: 2023-06-01 by alice" in text
-    lines = [l for l in text.splitlines() if l.startswith("[")]
-    assert len(lines) == 10
-    assert lines == sorted(lines)  # chronological, though ranked newest-first
-    assert lines[0] == "[2023-05-01 .. 2023-05-02] event number 0 with some words"
+    assert text.startswith("Question: Which venue did we pick at the offsite last week?\nAsked at: 2023-05-10 by alice")
+    assert 'C1 "last week" = 2023-05-01 .. 2023-05-07' in text
+    lines = text.split("Timeline:\n")[1].splitlines()
+    assert len(lines) == len(table.lines) == PromptSettings().lines.max_lines
+    assert [l.rsplit(" | L", 1)[1] for l in lines] == [str(k) for k in range(1, len(lines) + 1)]  # the tag ends the line
+    assert [l[:10] for l in lines] == sorted(l[:10] for l in lines)  # time order
+    marked = [l for l in lines if " C1 |" in l]
+    assert marked and all("2023-05-01" <= l[:10] <= "2023-05-07" for l in marked)
+    # no memory from the future: nothing after asked_at is shown
+    assert all(l[:10] <= "2023-05-10" for l in lines)
+    assert table.cues == (Window(datetime(2023, 5, 1), datetime(2023, 5, 7, 23, 59, 59, 999999)),)
+
+
+def test_prompt_switches_for_the_ablation():
+    from tider.locator.lines import LineConfig
+
+    v1 = _input(PromptSettings(LineConfig(max_lines=6), select="similarity", show_cues=False, pointers=False,
+                               system_prompt=False))
+    (user,) = v1.messages
+    assert "Cues:\n(none)" in user["content"] and " | L1" not in user["content"] and v1.lines == ()
+    lines = user["content"].split("Timeline:\n")[1].splitlines()
+    assert all("offsite" in l for l in lines)  # v1: only the most similar lines, any date
 
 
 def test_prompt_refuses_a_query_with_gold():
+    import numpy as np
+
+    memory, timeline = _timeline()
     with pytest.raises(ValueError, match="public"):
-        build_messages(_query(answer="lisbon", evidence_ids=(3,)), RANKED, "day")
+        locator_input(_query(answer="lisbon", evidence_ids=(3,)), memory, timeline, [], "day",
+                      query_vector=np.array([1.0, 0.0], dtype=np.float32))
 
 
-def test_truncation_drops_lowest_ranked_entries_to_fit(tiny_qwen3_dir):
+def test_truncation_drops_the_least_needed_lines_to_fit(tiny_qwen3_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
-    full = build_messages(_query(), RANKED, "day", tokenizer=tok, max_prompt_tokens=10_000)
-    n_full = len(tok.apply_chat_template(full, tokenize=True, add_generation_prompt=True)["input_ids"])
-    budget = n_full - 30
-    cut = build_messages(_query(), RANKED, "day", tokenizer=tok, max_prompt_tokens=budget)
-    n_cut = len(tok.apply_chat_template(cut, tokenize=True, add_generation_prompt=True)["input_ids"])
-    assert n_cut <= budget
-    kept = [l for l in cut[1]["content"].splitlines() if l.startswith("[")]
-    assert 0 < len(kept) < 10
-    # The best-ranked entries survive: RANKED[0] is "event number 9".
-    assert any("event number 9" in l for l in kept) and not any("event number 0 " in l + " " for l in kept)
+    full = _input(PromptSettings(max_prompt_tokens=100_000), tokenizer=tok)
+    n_full = len(tok.apply_chat_template(full.messages, tokenize=True, add_generation_prompt=True)["input_ids"])
+    cut = _input(PromptSettings(max_prompt_tokens=n_full - 60), tokenizer=tok)
+    n_cut = len(tok.apply_chat_template(cut.messages, tokenize=True, add_generation_prompt=True)["input_ids"])
+    assert n_cut <= n_full - 60 and 0 < len(cut.lines) < len(full.lines)
+    # the best lines inside the cue (LineConfig.per_cue of them) are the most needed: they survive the cut
+    in_cue = [w for w in cut.lines if datetime(2023, 5, 1) <= w.start and w.end <= datetime(2023, 5, 8)]
+    assert len(in_cue) >= PromptSettings().lines.per_cue
     with pytest.raises(ValueError, match="max_prompt_tokens"):
-        build_messages(_query(), RANKED, "day", tokenizer=tok, max_prompt_tokens=5)
+        _input(PromptSettings(max_prompt_tokens=5), tokenizer=tok)
 
 
-def test_gold_completion_is_schema_valid_and_version_set():
+def test_schema_bounds_references_to_the_table_and_version_set():
+    table = _input()
+    schema = table.schema()
+    jsonschema.validate({"temporal": True, "windows": [{"entry": 14}, {"cue": 1}]}, schema)
     jsonschema.validate({"temporal": True, "windows": [{"start": "2023-05-01", "end": "2023-05-02"}]}, OUTPUT_SCHEMA)
+    for bad in ({"entry": 15}, {"cue": 2}, {"entry": 0}, {"entry": 1, "cue": 1}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"temporal": True, "windows": [bad]}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"temporal": True, "windows": [], "extra": 1}, OUTPUT_SCHEMA)
-    assert PROMPT_VERSION
+    assert PROMPT_VERSION == "locator-v2"
+
+
+def test_references_resolve_against_the_table_and_the_json_column():
+    table = _input()
+    text = '{"temporal": true, "windows": [{"entry": 3}, {"cue": 1}]}'
+    for refs in (table, table.refs_json("day"), Refs.of(table)):
+        r = parse_prediction(text, granularity="day", refs=refs)
+        assert r.ok
+        line = table.lines[2]
+        assert r.prediction.windows == tuple(sorted({
+            Window(line.start.replace(hour=0, minute=0), line.end.replace(hour=23, minute=59, second=59, microsecond=999999)),
+            Window(datetime(2023, 5, 1), datetime(2023, 5, 7, 23, 59, 59, 999999))}))
+    bad = parse_prediction('{"temporal": true, "windows": [{"entry": 15}]}', granularity="day", refs=table)
+    assert bad.failure is ParseFailure.BAD_REFERENCE and "15" in bad.detail
+    no_table = parse_prediction('{"temporal": true, "windows": [{"cue": 1}]}', granularity="day")
+    assert no_table.failure is ParseFailure.BAD_REFERENCE
 
 
 SPAN = Window(datetime(2023, 1, 1), datetime(2023, 12, 31, 18))

@@ -23,10 +23,14 @@ def test_local_locator_predicts_or_falls_back_to_semantic(tiny_qwen3_dir, tmp_pa
     from tider.retrieval.store import RetrievalStore
 
     (tmp_path / "ckpt").symlink_to(tiny_qwen3_dir, target_is_directory=True)
-    (tmp_path / "tider_locator.json").write_text(json.dumps({"timeline_top_k": 3, "max_prompt_tokens": 2000,
+    from tider.locator.lines import LineConfig
+    from tider.locator.prompt import PromptSettings
+
+    settings = PromptSettings(LineConfig(max_lines=3), max_prompt_tokens=2000)
+    (tmp_path / "tider_locator.json").write_text(json.dumps({"prompt_settings": settings.to_json(),
                                                              "granularity": "day", "chat_template_kwargs": {}}))
     source = make_source("locator", model=str(tmp_path / "ckpt"), max_tokens=24)
-    assert source.top_k == 3 and source.max_prompt_tokens == 2000 and source.granularity == "day"
+    assert source.settings == settings and source.granularity == "day"
     ds = generate(200, seed=1, n_conversations=1)
     store = RetrievalStore(ds)
     queries = ds.queries[:5]

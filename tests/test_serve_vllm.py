@@ -27,7 +27,7 @@ N_QUERIES = 16
 SYNTH = dict(n_messages=600, n_conversations=3)
 TRAIN = ["--max_steps", "80", "--learning_rate", "3e-3", "--tiny_hidden_size", "64", "--tiny_num_layers", "2",
          "--tiny_num_heads", "2", "--tiny_vocab_size", "1024", "--synthetic_messages", str(SYNTH["n_messages"]),
-         "--synthetic_conversations", str(SYNTH["n_conversations"]), "--timeline_top_k", "4",
+         "--synthetic_conversations", str(SYNTH["n_conversations"]), "--prompt_lines", "4",
          "--max_prompt_tokens", "256", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "20",
          # loss on the completion only: 80 steps then reach the JSON shape (the recipe's
          # prompt loss and date init pay off over hundreds of steps, not here)
@@ -95,11 +95,13 @@ def local_predictions(exported_locator, synthetic_slice):
     from tider.llm.client import LLMClient
     from tider.locator.endpoint import NO_THINKING, ChatWindowSource
 
+    from tider.locator.prompt import PromptSettings
+
     meta = json.loads((exported_locator / "tider_locator.json").read_text())
     backend = LocalHFBackend(str(exported_locator), dtype="float32", batch_size=1, chat_template_kwargs=NO_THINKING)
     source = ChatWindowSource(LLMClient(backend, max_retries=0), name="locator-local",
                               tokenizer=AutoTokenizer.from_pretrained(exported_locator),
-                              top_k=meta["timeline_top_k"], max_prompt_tokens=meta["max_prompt_tokens"])
+                              settings=PromptSettings.from_json(meta["prompt_settings"]))
     queries, store = synthetic_slice
     return _predict(source, queries, store)
 
@@ -109,7 +111,8 @@ def test_served_greedy_equals_local_greedy(server, synthetic_slice, local_predic
 
     queries, store = synthetic_slice
     source = make_endpoint_locator(server.base_url, structured="none")
-    assert source.top_k == 4 and source.max_prompt_tokens == 256  # the training prompt, from tider_locator.json
+    # the training prompt, from tider_locator.json
+    assert source.settings.lines.max_lines == 4 and source.settings.max_prompt_tokens == 256
     preds, texts, _ = _predict(source, queries, store)
     local_preds, local_texts, local_failures = local_predictions
     assert texts == local_texts

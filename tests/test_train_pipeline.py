@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Small data and a smaller model than the recipe's so the test fits CI: 3 conversations,
 # 4 timeline lines, hidden 64. 150 SFT steps are what it takes for sampled completions to
 # parse sometimes, which GRPO needs for a non-zero advantage.
-DATA = ["--synthetic_messages", "600", "--synthetic_conversations", "3", "--timeline_top_k", "4", "--report_to", "none"]
+DATA = ["--synthetic_messages", "600", "--synthetic_conversations", "3", "--prompt_lines", "4", "--report_to", "none"]
 
 
 def _weights(folder: Path) -> dict:
@@ -75,7 +75,7 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
     from tider.types import WindowPrediction
 
     meta = json.loads((grpo / "tider_locator.json").read_text())
-    assert meta["granularity"] == "day" and meta["timeline_top_k"] == 4
+    assert meta["granularity"] == "day" and meta["prompt_settings"]["lines"]["max_lines"] == 4
     ds = generate(600, seed=0, n_conversations=3)
     store = RetrievalStore(ds)
     source = make_source("locator", model=str(grpo))

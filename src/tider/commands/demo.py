@@ -39,7 +39,7 @@ def register(subparsers) -> None:
     p.add_argument("--sft-steps", type=int, default=None, help="override the SFT recipe's max_steps")
     p.add_argument("--grpo-steps", type=int, default=None, help="override the GRPO recipe's max_steps")
     p.add_argument("--export-dtype", default=None, help="default: float32 on CPU (exact vLLM parity), bfloat16 on GPU")
-    p.add_argument("--baselines", default="none,dbscan-tuned,timeline", help="learning-free window sources to compare")
+    p.add_argument("--baselines", default="none,rules,dbscan-tuned,timeline", help="learning-free window sources to compare")
     p.add_argument("--split", default="test", choices=["train", "validation", "test", "all"],
                    help="conversations to evaluate on (the locator trains on 'train')")
     p.add_argument("--limit", type=int, default=None, help="first N eligible queries in the comparison")

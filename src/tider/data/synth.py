@@ -44,6 +44,7 @@ from datetime import date, datetime, time, timedelta
 from typing import Optional
 
 from tider.data.gold import gold_windows
+from tider.data.synth_queries import Questions
 from tider.types import Dataset, Gold, Memory, Message, Query
 
 DEFAULT_MESSAGES = 22400  # 16 x 1400: ~58 twins per frequent event, embeddings still minutes
@@ -84,15 +85,10 @@ FILLER = [
     "running five minutes late", "who has the meeting room?", "ok sounds good", "brb",
     "the build is green again", "i will take a look", "any news on the ticket?",
 ]
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
-          "October", "November", "December"]
-# query type -> sampling weight; the mix is reported by `tider data stats`.
-QUERY_MIX = {"absolute": 0.22, "relative": 0.2, "anchored": 0.12, "multi2": 0.1, "multi3": 0.08,
-             "current_state": 0.1, "non_temporal": 0.18}
-# relative phrase -> how many days/weeks/months back it points
-RELATIVE_DAYS = {"yesterday": 1, "two days ago": 2, "three days ago": 3}
-RELATIVE_WEEKS = {"last week": 1, "two weeks ago": 2}
-RELATIVE_MONTHS = {"last month": 1, "two months ago": 2}
+# query type -> sampling weight; the mix is reported by `tider data stats`. Phrasings:
+# tider.data.synth_queries.
+QUERY_MIX = {"absolute": 0.16, "relative": 0.14, "vague": 0.08, "anchored": 0.14, "multi2": 0.09, "multi3": 0.07,
+             "current_state": 0.14, "non_temporal": 0.18}
 
 
 @dataclass
@@ -115,23 +111,6 @@ class _Instance:
     day: date
     value: str
     evidence: int  # ref of the message that states the value
-
-
-def _month_start(d: date, back: int) -> date:
-    index = d.year * 12 + d.month - 1 - back
-    return date(index // 12, index % 12 + 1, 1)
-
-
-def relative_period(asked: date, phrase: str) -> tuple[date, date]:
-    """The closed day range a relative phrase denotes when asked on ``asked``."""
-    if phrase in RELATIVE_DAYS:
-        day = asked - timedelta(days=RELATIVE_DAYS[phrase])
-        return day, day
-    if phrase in RELATIVE_WEEKS:  # calendar weeks, Monday to Sunday
-        monday = asked - timedelta(days=asked.weekday() + 7 * RELATIVE_WEEKS[phrase])
-        return monday, monday + timedelta(days=6)
-    start = _month_start(asked, RELATIVE_MONTHS[phrase])
-    return start, _month_start(asked, RELATIVE_MONTHS[phrase] - 1) - timedelta(days=1)
 
 
 class _Conversation:
@@ -227,94 +206,14 @@ class _Conversation:
                                 f"fyi my {fact} is {value}", "#general", "about me", speaker=person)
                 self.facts.append((person, fact, value, ref))
 
-    # -- queries: each builder returns (text, answer, evidence refs, asked_at day) or None.
-
-    def _pick_event(self) -> tuple[str, list[_Instance]]:
-        event = self.rng.choice(sorted(self.instances))
-        return event, self.instances[event]
-
-    def q_absolute(self):
-        event, instances = self._pick_event()
-        inst = self.rng.choice(instances)
-        attr = EVENTS[event][0]
-        if self.rng.random() < 0.5:
-            return f"Which {attr} did we pick at the {event} on {inst.day.isoformat()}?", inst.value, [inst.evidence], None
-        same_month = [i for i in instances if (i.day.year, i.day.month) == (inst.day.year, inst.day.month)]
-        if len(same_month) != 1:
-            return None
-        cue = f"{MONTHS[inst.day.month - 1]} {inst.day.year}"
-        return f"Which {attr} did we pick at the {event} in {cue}?", inst.value, [inst.evidence], None
-
-    def q_relative(self):
-        event, instances = self._pick_event()
-        inst, rng = self.rng.choice(instances), self.rng
-        phrase = rng.choice(sorted([*RELATIVE_DAYS, *RELATIVE_WEEKS, *RELATIVE_MONTHS]))
-        if phrase in RELATIVE_DAYS:
-            asked = inst.day + timedelta(days=RELATIVE_DAYS[phrase])
-        elif phrase in RELATIVE_WEEKS:
-            asked = inst.day - timedelta(days=inst.day.weekday()) + timedelta(days=7 * RELATIVE_WEEKS[phrase] + rng.randint(0, 6))
-        else:
-            first = _month_start(inst.day, -RELATIVE_MONTHS[phrase])
-            asked = first + timedelta(days=rng.randint(0, 27))
-        lo, hi = relative_period(asked, phrase)
-        days = [i.day for i in instances]
-        if not (lo <= inst.day <= hi) or bisect.bisect_right(days, hi) - bisect.bisect_left(days, lo) != 1:
-            return None
-        return f"Which {EVENTS[event][0]} did we pick at the {event} {phrase}?", inst.value, [inst.evidence], asked
-
-    def q_anchored(self):
-        event, instances = self._pick_event()
-        name = self.rng.choice(sorted(self.milestones))
-        anchor = self.milestones[name][0]
-        if self.rng.random() < 0.5:
-            after = [i for i in instances if i.day > anchor]
-            inst, how = (after[0] if after else None), f"the first {event} after the {name}"
-        else:
-            before = [i for i in instances if i.day < anchor]
-            inst, how = (before[-1] if before else None), f"the last {event} before the {name}"
-        if inst is None:
-            return None
-        return f"Which {EVENTS[event][0]} did we pick at {how}?", inst.value, [inst.evidence], None
-
-    def _q_multi(self, n: int):
-        event, instances = self._pick_event()
-        if len(instances) <= n:  # keep at least one same-event distractor outside the windows
-            return None
-        chosen = sorted(self.rng.sample(instances, n), key=lambda i: i.day)
-        # Separate windows only: neighbours must be further apart than the merge gap.
-        if any((b.day - a.day).days < 3 for a, b in zip(chosen, chosen[1:])):
-            return None
-        dates = [i.day.isoformat() for i in chosen]
-        cue = f"on {dates[0]} and on {dates[1]}" if n == 2 else f"on {dates[0]}, on {dates[1]} and on {dates[2]}"
-        answer = "; ".join(i.value for i in chosen)
-        return f"Which {EVENTS[event][0]}s did we pick at the {event} {cue}?", answer, [i.evidence for i in chosen], None
-
-    def q_multi2(self):
-        return self._q_multi(2)
-
-    def q_multi3(self):
-        return self._q_multi(3)
-
-    def q_current_state(self):
-        """Asked at the end (the last update is current) or between two updates (the
-        latest one before ``asked_at`` is current; later ones do not exist yet)."""
-        if not self.chains:
-            return None
-        project, param, chain = self.rng.choice(self.chains)
-        step = self.rng.randrange(1, len(chain))  # at least one stale update before it
-        day, value, ref = chain[step]
-        asked = None
-        if step + 1 < len(chain):
-            asked = day + timedelta(days=self.rng.randint(1, (chain[step + 1][0] - day).days - 1))
-        return f"What is the current {param} of project {project}?", value, [ref], asked
-
-    def q_non_temporal(self):
-        person, fact, value, ref = self.rng.choice(self.facts)
-        return f"What is {person}'s {fact}?", value, [ref], None
+    def event_attr(self, event: str) -> str:
+        return EVENTS[event][0]
 
 
-def generate(n_messages: int = DEFAULT_MESSAGES, seed: int = 0, n_conversations: int = DEFAULT_CONVERSATIONS) -> Dataset:
-    """A synthetic dataset of about ``n_messages`` messages in ``n_conversations`` memories.
+def generate(n_messages: int = DEFAULT_MESSAGES, seed: int = 0, n_conversations: int = DEFAULT_CONVERSATIONS,
+             key_prefix: str = "synth") -> Dataset:
+    """A synthetic dataset of about ``n_messages`` messages in ``n_conversations`` memories
+    keyed ``<key_prefix>-000``, ...
 
     Deterministic by ``seed``. About one query per five messages.
     """
@@ -325,9 +224,10 @@ def generate(n_messages: int = DEFAULT_MESSAGES, seed: int = 0, n_conversations:
     types, weights = list(QUERY_MIX), list(QUERY_MIX.values())
     for c in range(n_conversations):
         rng = random.Random(f"tider-synth:{seed}:{c}")
-        key = f"synth-{c:03d}"
+        key = f"{key_prefix}-{c:03d}"
         n_conv = n_messages // n_conversations + (c < n_messages % n_conversations)
         conv = _Conversation(key, n_conv, rng, BASE_DATE)
+        questions = Questions(conv)
         order = sorted(conv.raw, key=lambda r: (r.ts, r.ref))
         id_of_ref = {r.ref: i for i, r in enumerate(order)}
         messages = [
@@ -340,7 +240,7 @@ def generate(n_messages: int = DEFAULT_MESSAGES, seed: int = 0, n_conversations:
         for _ in range(max(1, round(n_conv / 5))):
             kind = rng.choices(types, weights)[0]
             for _attempt in range(20):
-                built = getattr(conv, f"q_{kind}")()
+                built = getattr(questions, kind)()
                 if built is None:
                     continue
                 text, answer, refs, asked_day = built

@@ -27,7 +27,7 @@ from tider.eval.retrieval import DEFAULT_EXCLUDE, RetrievalEvalConfig, run_retri
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset
 
-LEARNING_FREE = ("none", "dbscan-paper", "dbscan-tuned", "timeline")
+LEARNING_FREE = ("none", "rules", "dbscan-paper", "dbscan-tuned", "timeline")
 LEARNED = "locator"
 
 

@@ -83,9 +83,14 @@ class DBSCANWindows(BaseSource):
         self.store, self.config, self.name = store, config, name
 
     def seeds(self, query: Query, memory: Memory) -> np.ndarray:
+        """BM25 top-``seeds`` among the messages said by ``asked_at`` (no memory from the future)."""
+        import bisect
+
         text = f"{query.text} {query.user}" if query.user else query.text
-        ids, scores = self.store.indexes(memory.key).bm25.search(text, self.config.seeds)
-        return ids[scores > 0]  # a message sharing no term with the query is not an anchor
+        visible = bisect.bisect_right(memory.timestamps, query.asked_at)
+        scores = self.store.indexes(memory.key).bm25.scores(text)[:visible]
+        ids = np.lexsort((np.arange(visible), -scores))[: self.config.seeds]
+        return ids[scores[ids] > 0]  # a message sharing no term with the query is not an anchor
 
     def predict(self, query: Query, memory: Memory, timeline=None) -> WindowPrediction:
         ids = self.seeds(query, memory)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from tider.locator.prompt import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_TOP_K, OUTPUT_SCHEMA, build_messages
+from tider.locator.prompt import OUTPUT_SCHEMA, PromptSettings, locator_input
 from tider.locator.sources import BaseSource, register_source
 from tider.types import NON_TEMPORAL, Granularity, Memory, Query, WindowPrediction
 
@@ -89,32 +89,25 @@ def served_models(url: str, *, api_key: Optional[str] = None) -> list[dict]:
 
 def predict_batch(
     client,
-    items: Sequence[tuple[Query, Sequence]],
+    inputs: Sequence,
     granularity: Granularity,
     *,
     memory_spans: Optional[Sequence] = None,
-    tokenizer=None,
-    top_k: int = DEFAULT_TOP_K,
-    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     max_tokens: int = LOCATOR_MAX_TOKENS,
     progress: bool = False,
 ) -> list[LocatorOutcome]:
-    """Prompt ``client`` with the locator prompt for each ``(query.public(), ranked entries)``."""
+    """Send each ``LocatorInput`` to ``client`` and parse the answer against its table."""
     from tider.locator.parse import parse_prediction
 
-    batch = [
-        build_messages(q, entries, granularity, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens, top_k=top_k)
-        for q, entries in items
-    ]
-    results = client.chat_batch(batch, stage="locator", json_schema=OUTPUT_SCHEMA, max_tokens=max_tokens,
-                                temperature=0.0, progress=progress)
-    spans = list(memory_spans) if memory_spans is not None else [None] * len(batch)
+    results = client.chat_batch([i.messages for i in inputs], stage="locator", json_schema=OUTPUT_SCHEMA,
+                                max_tokens=max_tokens, temperature=0.0, progress=progress)
+    spans = list(memory_spans) if memory_spans is not None else [None] * len(inputs)
     outcomes = []
-    for result, span in zip(results, spans):
+    for result, table, span in zip(results, inputs, spans):
         if result.error and result.error.startswith("request_failed"):
             outcomes.append(LocatorOutcome(result.text, None, "request_failed", result.error))
             continue
-        parsed = parse_prediction(result.text, granularity=granularity, memory_span=span)
+        parsed = parse_prediction(result.text, granularity=granularity, refs=table, memory_span=span)
         outcomes.append(LocatorOutcome(result.text, parsed.prediction,
                                        parsed.failure.value if parsed.failure else None, parsed.detail))
     return outcomes
@@ -123,24 +116,40 @@ def predict_batch(
 class ChatWindowSource(BaseSource):
     """A window source backed by a chat model speaking the locator prompt."""
 
-    def __init__(self, client, *, name: str, tokenizer=None, top_k: int = DEFAULT_TOP_K,
-                 max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS, granularity: Optional[Granularity] = None,
-                 max_tokens: int = LOCATOR_MAX_TOKENS):
+    def __init__(self, client, *, name: str, tokenizer=None, settings: Optional[PromptSettings] = None,
+                 granularity: Optional[Granularity] = None, max_tokens: int = LOCATOR_MAX_TOKENS, resolver=None):
+        from tider.locator.rules import shared_resolver
+
         self.name = name
         self.client = client
         self.tokenizer = tokenizer
-        self.top_k = top_k
-        self.max_prompt_tokens = max_prompt_tokens
+        self.settings = settings or PromptSettings()
         self.granularity = granularity  # the model's; checked against each memory's
         self.max_tokens = max_tokens
+        self.resolver = resolver or shared_resolver()
         self.failures: Counter = Counter()
         self.last_outcomes: list[LocatorOutcome] = []
+        self.last_inputs: list = []
 
     def describe(self) -> dict:
-        return {"name": self.name, **self.client.backend.describe(), "top_k": self.top_k}
+        return {"name": self.name, **self.client.backend.describe(), "prompt_settings": self.settings.to_json()}
 
     def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
         return self.predict_batch([query], [memory], [timeline])[0]
+
+    def inputs(self, queries: Sequence[Query], memories: Sequence[Memory], timelines: Sequence, granularity) -> list:
+        """The prompts (and reference tables) for a batch: what ``predict_batch`` sends."""
+        from tider.locator.rules import query_cues
+
+        publics = [q.public() for q in queries]
+        embedders = [t.embedder for t in timelines if t is not None and t.embedder is not None]
+        vectors = embedders[0].encode([q.text for q in publics]) if embedders else [None] * len(publics)
+        out = []
+        for q, m, t, v in zip(publics, memories, timelines, vectors):
+            visible = t.visible(q.asked_at) if t is not None else None
+            out.append(locator_input(q, m, visible, query_cues(self.resolver, q, m), granularity, self.settings,
+                                     query_vector=v, tokenizer=self.tokenizer))
+        return out
 
     def predict_batch(self, queries: Sequence[Query], memories: Sequence[Memory], timelines: Sequence) -> list[WindowPrediction]:
         if not queries:
@@ -151,14 +160,10 @@ class ChatWindowSource(BaseSource):
         granularity = granularities.pop()
         if self.granularity and self.granularity != granularity:
             raise ValueError(f"{self.name}: the model speaks {self.granularity!r} times, the data is {granularity!r}")
-        items = []
-        for q, t in zip(queries, timelines):
-            public = q.public()
-            items.append((public, t.top_k(public.text, self.top_k) if t is not None else []))
-        outcomes = predict_batch(self.client, items, granularity, memory_spans=[m.span for m in memories],
-                                 tokenizer=self.tokenizer, top_k=self.top_k, max_prompt_tokens=self.max_prompt_tokens,
-                                 max_tokens=self.max_tokens, progress=len(items) > 8)
-        self.last_outcomes = outcomes
+        inputs = self.inputs(queries, memories, timelines, granularity)
+        outcomes = predict_batch(self.client, inputs, granularity, memory_spans=[m.span for m in memories],
+                                 max_tokens=self.max_tokens, progress=len(inputs) > 8)
+        self.last_inputs, self.last_outcomes = inputs, outcomes
         for o in outcomes:
             if o.failure:
                 self.failures[o.failure] += 1
@@ -186,12 +191,11 @@ def check_served_locator(url: str, *, model: Optional[str] = None, api_key: Opti
 
 def make_endpoint_locator(url: str, *, model: Optional[str] = None, api_key: Optional[str] = None,
                           structured: str = "response_format", cache_path: Optional[str] = None,
-                          top_k: Optional[int] = None, max_prompt_tokens: Optional[int] = None,
                           concurrency: int = 4) -> ChatWindowSource:
     """The trained locator behind an OpenAI-compatible endpoint, as a window source.
 
-    ``top_k`` / ``max_prompt_tokens`` default to the export's ``tider_locator.json``
-    (the training prompt), else to the prompt module's defaults.
+    The prompt settings are the export's ``tider_locator.json`` (the training prompt),
+    else the prompt module's defaults.
     """
     name, meta, root = check_served_locator(url, model=model, api_key=api_key)
     tokenizer = None
@@ -203,16 +207,15 @@ def make_endpoint_locator(url: str, *, model: Optional[str] = None, api_key: Opt
     client = endpoint_client(url, model=name, api_key=api_key, structured=structured, cache_path=cache_path,
                              concurrency=concurrency, chat_template_kwargs=meta.get("chat_template_kwargs", NO_THINKING))
     # The prompt settings the model was trained with win over the defaults.
-    return ChatWindowSource(client, name="locator", tokenizer=tokenizer,
-                            top_k=top_k or meta.get("timeline_top_k") or DEFAULT_TOP_K,
-                            max_prompt_tokens=max_prompt_tokens or meta.get("max_prompt_tokens") or DEFAULT_MAX_PROMPT_TOKENS,
+    settings = PromptSettings.from_json(meta["prompt_settings"]) if "prompt_settings" in meta else None
+    return ChatWindowSource(client, name="locator", tokenizer=tokenizer, settings=settings,
                             granularity=meta.get("granularity"))
 
 
 @register_source("prompted")
 def make_prompted_source(url: Optional[str] = None, model: Optional[str] = None, *, api_key: Optional[str] = None,
                          structured: str = "response_format", thinking: bool = False, cache_path: Optional[str] = None,
-                         top_k: int = DEFAULT_TOP_K, max_tokens: int = 512, concurrency: int = 4) -> ChatWindowSource:
+                         max_tokens: int = 512, concurrency: int = 4) -> ChatWindowSource:
     """Zero-shot baseline: the locator prompt sent to any instruction model.
 
     ``url``: an OpenAI-compatible base URL (then ``model`` names the served model), or a
@@ -229,4 +232,4 @@ def make_prompted_source(url: Optional[str] = None, model: Optional[str] = None,
         from tider.llm.client import make_client
 
         client = make_client(url or model, cache_path=cache_path, chat_template_kwargs=kwargs, max_retries=0)
-    return ChatWindowSource(client, name="prompted", top_k=top_k, max_tokens=max_tokens)
+    return ChatWindowSource(client, name="prompted", max_tokens=max_tokens)

@@ -1,5 +1,10 @@
 """Read a locator completion back into a ``WindowPrediction`` — or a typed failure.
 
+locator-v2 windows are ``{"entry": k}`` / ``{"cue": j}`` references into the prompt's
+table (``tider.locator.prompt.LocatorInput``: line spans and cue ranges, 1-based) or
+explicit ``{"start", "end"}``; ``refs`` carries that table. A reference past the table is
+``BAD_REFERENCE``; a referenced span covers its whole first and last unit, like a date.
+
 The parser never raises: a GRPO reward must score a malformed completion 0 and count
 why, not crash the trainer. Failure reasons are a ``str`` Enum so they log as plain text.
 
@@ -35,6 +40,29 @@ class ParseFailure(str, Enum):
     START_AFTER_END = "start_after_end"
     OUTSIDE_MEMORY = "outside_memory"
     TOO_MANY_WINDOWS = "too_many_windows"
+    BAD_REFERENCE = "bad_reference"
+
+
+@dataclass(frozen=True)
+class Refs:
+    """What ``{"entry": k}`` and ``{"cue": j}`` point at: line spans and cue ranges."""
+
+    lines: tuple[Window, ...] = ()
+    cues: tuple[Window, ...] = ()
+
+    @classmethod
+    def of(cls, obj) -> "Refs":
+        """From a ``LocatorInput``, a ``Refs``, a dict or its JSON string (a GRPO column)."""
+        if obj is None or isinstance(obj, Refs):
+            return obj or cls()
+        if isinstance(obj, str):
+            obj = json.loads(obj) if obj else {}
+        if isinstance(obj, dict):
+            def windows(rows):
+                return tuple(Window(isoparse(a), isoparse(b)) for a, b in rows)
+
+            return cls(windows(obj.get("lines", ())), windows(obj.get("cues", ())))
+        return cls(tuple(obj.lines), tuple(obj.cues))
 
 
 @dataclass(frozen=True)
@@ -51,7 +79,7 @@ class ParseResult:
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 # The schema without its maxItems: too many windows is its own, more useful, failure.
 _SHAPE_SCHEMA = json.loads(json.dumps(OUTPUT_SCHEMA))
-_SHAPE_SCHEMA["properties"]["windows"].pop("maxItems", None)
+_SHAPE_SCHEMA["properties"]["windows"].pop("maxItems", None)  # (references are checked against the table below)
 _VALIDATOR = jsonschema.Draft202012Validator(_SHAPE_SCHEMA)
 
 
@@ -78,15 +106,35 @@ def _end_of_unit(ts: datetime, granularity: Granularity) -> datetime:
     return floor_time(ts, granularity) + GRANULARITY_UNIT[granularity] - timedelta(microseconds=1)
 
 
+def _window(raw: dict, refs: Refs, granularity: Granularity) -> tuple[Optional[Window], Optional[ParseResult]]:
+    """One raw window -> (window, None) or (None, failure)."""
+    for name, table in (("entry", refs.lines), ("cue", refs.cues)):
+        if name in raw:
+            k = raw[name]
+            if not 1 <= k <= len(table):
+                return None, ParseResult(None, ParseFailure.BAD_REFERENCE, f"{name} {k} not in 1..{len(table)}")
+            w = table[k - 1]
+            return Window(floor_time(w.start, granularity), _end_of_unit(w.end, granularity)), None
+    try:
+        start, end = _parse_time(raw["start"], granularity), _parse_time(raw["end"], granularity)
+    except (ValueError, OverflowError) as exc:
+        return None, ParseResult(None, ParseFailure.BAD_DATE, f"{raw!r}: {exc}")
+    if start > end:
+        return None, ParseResult(None, ParseFailure.START_AFTER_END, f"{raw['start']} > {raw['end']}")
+    return Window(start, _end_of_unit(end, granularity)), None
+
+
 def parse_prediction(
     text: str,
     *,
     granularity: Granularity,
+    refs=None,
     memory_span: Optional[Window] = None,
     max_windows: int = MAX_WINDOWS,
 ) -> ParseResult:
-    """Parse a completion. ``memory_span`` (``Memory.span``) enables the outside-memory check:
-    a window that does not overlap the memory's span at all is a failure."""
+    """Parse a completion. ``refs`` (a ``LocatorInput``, ``Refs`` or its JSON) resolves
+    references; ``memory_span`` (``Memory.span``) enables the outside-memory check: a
+    window that does not overlap the memory's span at all is a failure."""
     if not isinstance(text, str):
         return ParseResult(None, ParseFailure.NO_JSON, f"completion is {type(text).__name__}, not text")
     body = _THINK.sub("", text)
@@ -107,19 +155,16 @@ def parse_prediction(
         return ParseResult(None, ParseFailure.SCHEMA, "temporal is true but no window is given")
     if len(raw_windows) > max_windows:
         return ParseResult(None, ParseFailure.TOO_MANY_WINDOWS, f"{len(raw_windows)} windows > {max_windows}")
+    table = Refs.of(refs)
     windows = []
     for raw in raw_windows:
-        try:
-            start, end = _parse_time(raw["start"], granularity), _parse_time(raw["end"], granularity)
-        except (ValueError, OverflowError) as exc:
-            return ParseResult(None, ParseFailure.BAD_DATE, f"{raw!r}: {exc}")
-        if start > end:
-            return ParseResult(None, ParseFailure.START_AFTER_END, f"{raw['start']} > {raw['end']}")
-        window = Window(start, _end_of_unit(end, granularity))
+        window, failure = _window(raw, table, granularity)
+        if failure is not None:
+            return failure
         if memory_span is not None:
             lo = floor_time(memory_span.start, granularity)
             hi = _end_of_unit(memory_span.end, granularity)
             if window.end < lo or window.start > hi:
-                return ParseResult(None, ParseFailure.OUTSIDE_MEMORY, f"{raw['start']}..{raw['end']} outside memory span")
+                return ParseResult(None, ParseFailure.OUTSIDE_MEMORY, f"{raw!r} outside memory span")
         windows.append(window)
     return ParseResult(WindowPrediction(temporal=True, windows=tuple(sorted(set(windows)))))

@@ -19,7 +19,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from tider.locator.prompt import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_TOP_K
 from tider.locator.sources import register_source
 
 LOCATOR_META = "tider_locator.json"
@@ -41,8 +40,6 @@ def _checkpoint_meta(model_dir: str) -> dict:
 def make_local_locator(
     model: str,
     *,
-    top_k: Optional[int] = None,
-    max_prompt_tokens: Optional[int] = None,
     device: str = "cpu",
     dtype: str = "auto",
     batch_size: int = 16,
@@ -64,15 +61,11 @@ def make_local_locator(
     # No retries: greedy decoding would write the same malformed JSON again.
     client = LLMClient(backend, cache=LLMCache(cache_path) if cache_path else None, max_retries=0,
                        default_max_tokens=max_tokens)
-    return ChatWindowSource(
-        client,
-        name="locator",
-        tokenizer=backend.tokenizer,
-        top_k=top_k or meta.get("timeline_top_k", DEFAULT_TOP_K),
-        max_prompt_tokens=max_prompt_tokens or meta.get("max_prompt_tokens", DEFAULT_MAX_PROMPT_TOKENS),
-        granularity=meta.get("granularity"),
-        max_tokens=max_tokens,
-    )
+    from tider.locator.prompt import PromptSettings
+
+    settings = PromptSettings.from_json(meta["prompt_settings"]) if "prompt_settings" in meta else None
+    return ChatWindowSource(client, name="locator", tokenizer=backend.tokenizer, settings=settings,
+                            granularity=meta.get("granularity"), max_tokens=max_tokens)
 
 
 @register_source("locator")

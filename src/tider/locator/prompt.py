@@ -1,79 +1,134 @@
-"""The locator's input and output contract, shared by training, local generation and
-serving (engineer E reuses ``build_messages``, ``OUTPUT_SCHEMA`` and ``PROMPT_VERSION``).
+"""The locator's input and output (locator-v2), shared by training, local generation and
+serving: ``locator_input`` builds the chat prompt *and* the table its answer refers to.
 
-Input (TIDER Sec. 3): system instructions, then the question with its ``asked_at`` time
-and asking user, then the top-K (default 30) timeline entries as ``[start .. end] summary``
-lines. The entries arrive ranked by similarity; when a tokenizer and a budget are given,
-the lowest-ranked entries are dropped until the prompt fits, because TRL no longer
-truncates prompts and a cut in the middle of a line would hand the model a broken date.
-The kept entries are shown in time order, not rank order: relative questions ("two weeks
-before ...") are easier to resolve on a chronological list, and the rank is not a signal
-the locator needs once the set is chosen.
+Input, question first (a causal model reads the lines knowing what is asked):
 
-Output (DESIGN.md decision 2): ``{"temporal": bool, "windows": [{"start", "end"}]}``,
-optionally after ``<think>...</think>``; ``tider.locator.parse`` reads it back.
+    Question: Which venue did we pick at the offsite last week?
+    Asked at: 2023-05-10 by bob
+    Cues:
+    C1 "last week" = 2023-05-01 .. 2023-05-07
+    Timeline:
+    2023-04-26 | heidi: we picked lisbon as the venue at the offsite | L1
+    2023-05-03 C1 | bob: we picked porto as the venue at the offsite | L2
+
+- **Cues** are the question's time expressions resolved against ``asked_at`` by a date
+  library (``tider.locator.rules``): time arithmetic is the library's job.
+- **Lines** are timeline entries chosen for what the question's structure can need
+  (``tider.locator.lines``), each shown as its best-matching message, in time order,
+  marked ``C<j>`` when it overlaps cue j, and tagged ``L<k>`` *at the end*: a causal
+  model can gather a line's content into its tag token, then copy the tag that follows a
+  match (the measured layout, shared/notes/pointer-vs-dates.md).
+
+Output (DESIGN decision 2, v2 windows): ``{"temporal": true, "windows": [...]}`` where a
+window is ``{"entry": k}`` (line k's span), ``{"cue": j}`` (cue j's range) or explicit
+``{"start", "end"}``; ``{"temporal": false, "windows": []}`` when no time constraint is
+needed. Pointing is far easier to learn than spelling dates (0.36 vs 0.02 exact for a
+from-scratch tiny model in the same minutes, same note) and cannot write a window that
+spans the year by accident. ``tider.locator.parse`` resolves references with the table.
+
+A locator-v1 checkpoint (dates only, K similarity-ranked lines) is refused by the
+contract check with a message naming both versions: its prompt no longer exists here.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Protocol, Sequence
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence
 
-from tider.types import Granularity, Query, format_time
+import numpy as np
 
-# Bump when the prompt text or output contract changes: caches and manifests key on it.
-PROMPT_VERSION = "locator-v1"
-DEFAULT_TOP_K = 30
+from tider.locator.lines import LineConfig, Selection, entry_scores, select_lines
+from tider.types import Granularity, Query, Window, format_time
+
+# Bump when the prompt text or output contract changes: caches, exports and manifests key on it.
+PROMPT_VERSION = "locator-v2"
 DEFAULT_MAX_PROMPT_TOKENS = 2048
 MAX_WINDOWS = 8
+LINE_WORDS = 12  # a line shows its best message clipped to this many words
 
-SYSTEM_PROMPT = """You are a temporal interval locator for a conversational memory.
-Given a question, the time it was asked, and a timeline of events from the memory,
-decide whether answering needs a time constraint, and if so, which time windows hold
-the evidence.
-Answer with one JSON object and nothing else:
-{"temporal": true, "windows": [{"start": "<time>", "end": "<time>"}]}
-or, when the question has no time constraint:
-{"temporal": false, "windows": []}
-Times use the format of the timeline ({time_format}). A window is inclusive; start <= end.
-Give at most {max_windows} windows."""
+SYSTEM_PROMPT = """You are a temporal window locator for a conversational memory.
+You see a question, when it was asked, the time cues a date library resolved from it, and
+numbered timeline lines from the memory in time order ("C1" on a line: it overlaps cue 1).
+Answer with one JSON object and nothing else, pointing at the evidence:
+{"temporal": true, "windows": [{"entry": <line number>}, {"cue": <cue number>}, {"start": "<time>", "end": "<time>"}]}
+(any mix, at most {max_windows} windows, times as {time_format}), or, when the question
+has no time constraint: {"temporal": false, "windows": []}"""
 
 TIME_FORMATS = {"day": "YYYY-MM-DD", "minute": "YYYY-MM-DDTHH:MM"}
 
-# Kept free of regex patterns and conditionals so every structured-output backend
-# (vLLM xgrammar/guidance, OpenAI) accepts it; the parser checks dates and consistency.
-OUTPUT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "temporal": {"type": "boolean"},
-        "windows": {
-            "type": "array",
-            "maxItems": MAX_WINDOWS,
-            "items": {
-                "type": "object",
-                "properties": {"start": {"type": "string"}, "end": {"type": "string"}},
-                "required": ["start", "end"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    "required": ["temporal", "windows"],
-    "additionalProperties": False,
-}
+
+def _ref(name: str, maximum: Optional[int]) -> dict:
+    bound = {"type": "integer", "minimum": 1, **({"maximum": maximum} if maximum else {})}
+    return {"type": "object", "properties": {name: bound}, "required": [name], "additionalProperties": False}
 
 
-class TimelineEntryLike(Protocol):
-    """What the prompt reads from a timeline entry (``tider.retrieval.timeline.TimelineEntry``)."""
-
-    start: Any
-    end: Any
-    summary: str
+_SPAN = {"type": "object", "properties": {"start": {"type": "string"}, "end": {"type": "string"}},
+         "required": ["start", "end"], "additionalProperties": False}
 
 
-def system_prompt(granularity: Granularity, max_windows: int = MAX_WINDOWS) -> str:
-    return SYSTEM_PROMPT.replace("{time_format}", TIME_FORMATS[granularity]).replace(
-        "{max_windows}", str(max_windows)
-    )
+def output_schema(n_lines: Optional[int] = None, n_cues: Optional[int] = None) -> dict[str, Any]:
+    """The answer's JSON schema. With ``n_lines``/``n_cues`` (one prompt's table) the
+    references are bounded, so a grammar-constrained server cannot point past the table.
+    Kept to anyOf/integer bounds, which vLLM's xgrammar and OpenAI's strict mode accept."""
+    options = [_ref("entry", n_lines)] + ([] if n_cues == 0 else [_ref("cue", n_cues)]) + [_SPAN]
+    return {
+        "type": "object",
+        "properties": {"temporal": {"type": "boolean"},
+                       "windows": {"type": "array", "maxItems": MAX_WINDOWS, "items": {"anyOf": options}}},
+        "required": ["temporal", "windows"],
+        "additionalProperties": False,
+    }
+
+
+OUTPUT_SCHEMA: dict[str, Any] = output_schema()
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """Everything that shapes the prompt; recorded with a checkpoint so serving rebuilds it."""
+
+    lines: LineConfig = field(default_factory=LineConfig)
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    system_prompt: bool = True  # the instructions above; a from-scratch model learns the task without them
+    # The v2 elements, each of which can be switched off (the learning benchmark's ablation):
+    select: str = "structured"  # "structured" (tider.locator.lines) or "similarity" (v1: top lines by similarity)
+    show_cues: bool = True  # resolved time cues in the prompt and as {"cue": j} targets
+    pointers: bool = True  # lines tagged L<k> and answered by reference; False: answers spell dates
+
+    def __post_init__(self) -> None:
+        if self.select not in ("structured", "similarity"):
+            raise ValueError(f"prompt select {self.select!r}: choose 'structured' or 'similarity'")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PromptSettings":
+        data = dict(data)
+        return cls(lines=LineConfig(**data.pop("lines", {})), **data)
+
+
+@dataclass(frozen=True)
+class LocatorInput:
+    """One prompt and the table its references resolve against (1-based)."""
+
+    messages: list[dict]
+    lines: tuple[Window, ...]
+    cues: tuple[Window, ...]
+
+    def schema(self) -> dict:
+        return output_schema(len(self.lines), len(self.cues))
+
+    def refs_json(self, granularity: Granularity) -> str:
+        """The table as a compact JSON string (a GRPO dataset column the rewards read)."""
+        return json.dumps({"lines": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.lines],
+                           "cues": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.cues]})
+
+
+def system_prompt(granularity: Granularity) -> str:
+    return SYSTEM_PROMPT.replace("{time_format}", TIME_FORMATS[granularity]).replace("{max_windows}", str(MAX_WINDOWS))
 
 
 def question_block(query: Query, granularity: Granularity) -> str:
@@ -82,14 +137,30 @@ def question_block(query: Query, granularity: Granularity) -> str:
     return f"Question: {query.text}\nAsked at: {asked}{who}"
 
 
-def entry_line(entry: TimelineEntryLike, granularity: Granularity) -> str:
-    summary = " ".join(str(entry.summary).split())  # one line per entry, whatever the summarizer wrote
-    return f"[{format_time(entry.start, granularity)} .. {format_time(entry.end, granularity)}] {summary}"
+def _span(start, end, granularity: Granularity) -> str:
+    s, e = format_time(start, granularity), format_time(end, granularity)
+    return s if s == e else f"{s} .. {e}"
 
 
-def _render(query: Query, lines_in_time_order: Sequence[str], granularity: Granularity) -> str:
-    timeline = "\n".join(lines_in_time_order) if lines_in_time_order else "(no timeline entries)"
-    return f"{question_block(query, granularity)}\nTimeline:\n{timeline}"
+def cue_line(j: int, cue, granularity: Granularity) -> str:
+    return f'C{j} "{cue.text}" = {_span(cue.window.start, cue.window.end, granularity)}'
+
+
+def entry_line(k: Optional[int], entry, marks: Sequence[str], message, granularity: Granularity) -> str:
+    """``<span> [marks] | <speaker>: <best message> | L<k>`` (no tag when ``k`` is None);
+    marks: ``C<j>`` inside cue j, ``A`` / ``A-<n>`` / ``A+<n>`` the anchor and its n-th
+    relevant neighbour before / after it, ``R`` the latest relevant line."""
+    words = " ".join(str(message.text).split()).split(" ")
+    text = " ".join(words[:LINE_WORDS]) + (" ..." if len(words) > LINE_WORDS else "")
+    mark = "".join(f" {m}" for m in marks)
+    tag = f" | L{k}" if k is not None else ""
+    return f"{_span(entry.start, entry.end, granularity)}{mark} | {message.speaker}: {text}{tag}"
+
+
+def _render(query: Query, cue_lines: list[str], lines: list[str], granularity: Granularity) -> str:
+    cues = "\n".join(cue_lines) if cue_lines else "(none)"
+    timeline = "\n".join(lines) if lines else "(no timeline entries)"
+    return f"{question_block(query, granularity)}\nCues:\n{cues}\nTimeline:\n{timeline}"
 
 
 def _count_tokens(tokenizer, messages: list[dict]) -> int:
@@ -101,52 +172,50 @@ def _count_tokens(tokenizer, messages: list[dict]) -> int:
     return sum(len(tokenizer(m["content"])["input_ids"]) for m in messages)
 
 
-def build_messages(
-    query_public: Query,
-    timeline_entries: Sequence[TimelineEntryLike],
-    granularity: Granularity,
-    tokenizer=None,
-    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
-    top_k: int = DEFAULT_TOP_K,
-) -> list[dict]:
-    """The locator prompt as chat messages ``[system, user]``.
-
-    ``timeline_entries`` must be ranked best first (``Timeline.top_k``). With a
-    ``tokenizer``, entries are dropped from the bottom of the ranking until the rendered
-    chat (with generation prompt) has at most ``max_prompt_tokens`` tokens.
-    """
+def locator_input(query_public: Query, memory, timeline, cues: Sequence, granularity: Granularity,
+                  settings: PromptSettings = PromptSettings(), *, query_vector: Optional[np.ndarray] = None,
+                  tokenizer=None) -> LocatorInput:
+    """The v2 prompt for one query. ``timeline`` must already be the visible one
+    (``Timeline.visible(asked_at)``) and ``cues`` the clipped ones (``rules.query_cues``).
+    With a ``tokenizer``, the lowest-priority lines are dropped until the chat fits
+    ``settings.max_prompt_tokens`` (TRL no longer truncates prompts, and a cut inside a
+    line would hand the model a broken date)."""
     if query_public.gold.answer is not None or query_public.gold.evidence_ids or query_public.gold.windows:
-        raise ValueError(f"query {query_public.key!r}: build_messages takes query.public(), not a query with gold")
-    ranked = list(timeline_entries)[:top_k]
-    system = {"role": "system", "content": system_prompt(granularity)}
+        raise ValueError(f"query {query_public.key!r}: locator_input takes query.public(), not a query with gold")
+    if timeline is None or not len(timeline.entries):
+        scores, best = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64)
+    else:
+        if query_vector is None:
+            query_vector = timeline.embedder.encode([query_public.text])[0]
+        scores, best = entry_scores(timeline, timeline.embeddings @ np.asarray(query_vector, dtype=np.float32))
+    cues = tuple(cues) if settings.show_cues else ()
+    if settings.select == "structured":
+        selection = select_lines(query_public.text, timeline, scores, cues, settings.lines)
+    else:  # v1: the most similar entries, no marks
+        selection = Selection([int(i) for i in np.lexsort((np.arange(len(scores)), -scores))[: settings.lines.max_lines]])
+    priority, marks = selection.picked, selection.marks
+    head = [{"role": "system", "content": system_prompt(granularity)}] if settings.system_prompt else []
+    cue_text = [cue_line(j, c, granularity) for j, c in enumerate(cues, start=1)]
 
-    def messages_for(n: int) -> list[dict]:
-        kept = sorted(ranked[:n], key=lambda e: (e.start, e.end))
-        return [system, {"role": "user", "content": _render(query_public, [entry_line(e, granularity) for e in kept], granularity)}]
+    def build(n: int) -> LocatorInput:
+        shown = sorted(priority[:n])
+        text = [entry_line(k if settings.pointers else None, timeline.entries[i], marks.get(i, ()), memory[int(best[i])], granularity)
+                for k, i in enumerate(shown, start=1)]
+        messages = head + [{"role": "user", "content": _render(query_public, cue_text, text, granularity)}]
+        lines = tuple(timeline.entries[i].window for i in shown) if settings.pointers else ()
+        return LocatorInput(messages, lines, tuple(c.window for c in cues) if settings.pointers else ())
 
-    if tokenizer is None:
-        return messages_for(len(ranked))
-    # Estimate per-line costs once, then confirm with one exact count (BPE is near-additive
-    # across newline boundaries, so at most a line or two more gets dropped).
-    base = _count_tokens(tokenizer, messages_for(0))
-    costs = [len(tokenizer("\n" + entry_line(e, granularity))["input_ids"]) for e in ranked]
-    n, total = 0, base
-    while n < len(ranked) and total + costs[n] <= max_prompt_tokens:
-        total += costs[n]
-        n += 1
-    while n > 0 and _count_tokens(tokenizer, messages_for(n)) > max_prompt_tokens:
-        n -= 1
-    messages = messages_for(n)
-    if n == 0 and _count_tokens(tokenizer, messages) > max_prompt_tokens:
-        raise ValueError(
-            f"query {query_public.key!r}: the locator prompt needs more than max_prompt_tokens={max_prompt_tokens} "
-            "tokens even without timeline entries"
-        )
-    return messages
+    n = len(priority)
+    if tokenizer is not None:
+        while n > 0 and _count_tokens(tokenizer, build(n).messages) > settings.max_prompt_tokens:
+            n -= 1
+        if n == 0 and _count_tokens(tokenizer, build(0).messages) > settings.max_prompt_tokens:
+            raise ValueError(f"query {query_public.key!r}: the locator prompt needs more than "
+                             f"max_prompt_tokens={settings.max_prompt_tokens} tokens even without timeline lines")
+    return build(n)
 
 
 def prompt_hash(granularity: Granularity) -> str:
-    """Short hash of the system prompt + schema, for run manifests."""
+    """Short hash of the system prompt + schema + version, for run manifests."""
     blob = system_prompt(granularity) + repr(sorted(OUTPUT_SCHEMA.items())) + PROMPT_VERSION
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
-

@@ -57,6 +57,7 @@ LAZY_SOURCES: dict[str, str] = {
     "dbscan": "tider.locator.dbscan",
     "locator": "tider.locator.policy",
     "prompted": "tider.locator.prompted",
+    "rules": "tider.locator.rules",
 }
 SOURCES: Registry[Callable[..., WindowSource]] = Registry("window source", lazy=LAZY_SOURCES)
 register_source = SOURCES.register  # class/factory decorator; a duplicate name is an error
@@ -145,7 +146,7 @@ class TimelineWindows(BaseSource):
     def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
         from datetime import timedelta
 
-        entries = timeline.top_k(query.text, self.top_m) if timeline is not None else []
+        entries = timeline.visible(query.asked_at).top_k(query.text, self.top_m) if timeline is not None else []
         if not entries:
             return NON_TEMPORAL
         pad = timedelta(days=self.pad_days)

@@ -74,6 +74,7 @@ class RetrievalConfig:
     rho_per_day: float = 0.05
     tau_buf_days: float = 14.0
     temporal: bool = True  # False: every query takes the semantic-only path
+    respect_asked_at: bool = True  # only messages said by the question's asked_at exist (DESIGN decision 10)
     # Indexes
     embedding_model: str | None = None  # None: the offline all-MiniLM-L6-v2 package
     # What the dense index embeds per message. With the speaker name, MiniLM recall@20 on

@@ -53,16 +53,26 @@ class DualChannelRetriever:
         return channels.semantic_similarity(dense, bm25, mode, self.config.rrf_k)
 
     def rank(self, sim: np.ndarray, prediction: WindowPrediction, k: int | None = None,
-             semantic_order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+             semantic_order: np.ndarray | None = None, visible: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Dual-channel ranking for one prediction. ``semantic_order`` (ids sorted by
-        ``sim``, best first) may be passed in when cached, to skip the top-k selection."""
+        ``sim``, best first) may be passed in when cached, to skip the top-k selection.
+        ``visible``: only ids below it exist (the messages said by the question's time)."""
         cfg = self.config
         k = cfg.k if k is None else k
-        semantic = semantic_order[:k] if semantic_order is not None else channels.top_k(sim, k)
+        if visible is not None and visible < sim.shape[0]:
+            if semantic_order is not None:
+                semantic = semantic_order[semantic_order < visible][:k]
+            else:
+                semantic = channels.top_k(sim, k, np.arange(visible))
+        else:
+            visible = None
+            semantic = semantic_order[:k] if semantic_order is not None else channels.top_k(sim, k)
         if not (cfg.temporal and prediction.temporal and prediction.windows):
             return semantic, sim[semantic]
         windows = channels.window_days(prediction.windows)
         ranges = channels.id_ranges(self.ts_days, windows, cfg.tau_buf_days)
+        if visible is not None:
+            ranges = [(a, min(b, visible)) for a, b in ranges if a < visible]
         candidates = np.union1d(semantic, channels.ids_in_ranges(ranges))
         scores = rerank_scores(sim[candidates], self.ts_days[candidates], windows, cfg.lambda_boost, cfg.gamma_min,
                                cfg.rho_per_day)

@@ -94,9 +94,16 @@ class RetrievalStore:
 
     def retrieve(self, query: Query, prediction: WindowPrediction, k: int | None = None,
                  mode: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Dual-channel ``(ids, scores)``, best first."""
+        """Dual-channel ``(ids, scores)``, best first, over the messages said by the
+        query's ``asked_at`` (``config.respect_asked_at``; DESIGN decision 10)."""
+        import bisect
+
         sim, order = self.similarity(query, mode)
-        return self.indexes(query.memory_key).retriever.rank(sim, prediction, k, semantic_order=order)
+        indexes = self.indexes(query.memory_key)
+        visible = None
+        if self.config.respect_asked_at:
+            visible = bisect.bisect_right(indexes.memory.timestamps, query.asked_at)
+        return indexes.retriever.rank(sim, prediction, k, semantic_order=order, visible=visible)
 
     def coverage(self, query: Query, prediction: WindowPrediction, k: int | None = None,
                  gold_ids: Sequence[int] | None = None) -> float:

@@ -104,14 +104,50 @@ class ExtractiveSummarizer:
 
 
 class Timeline:
-    """Event clusters with their (normalised) embeddings; ``top_k`` ranks them by cosine."""
+    """Event clusters with their (normalised) embeddings; ``top_k`` ranks them by cosine.
 
-    def __init__(self, entries: Sequence[TimelineEntry], vectors: np.ndarray, embedder=None):
+    ``visible(asked_at)`` is the timeline as it stood at ``asked_at`` (DESIGN decision 10,
+    no memory from the future): entries that started later are gone, and the entry that
+    was still open then is cut to its members said by then (re-summarised from them when
+    the timeline knows its memory, dropped otherwise)."""
+
+    def __init__(self, entries: Sequence[TimelineEntry], vectors: np.ndarray, embedder=None, *,
+                 memory: Memory | None = None, embeddings: np.ndarray | None = None, summarizer=None):
         if len(entries) != len(vectors):
             raise ValueError(f"{len(entries)} timeline entries but {len(vectors)} vectors")
         self.entries = list(entries)
         self.vectors = np.asarray(vectors, dtype=np.float32)
         self.embedder = embedder
+        self.memory, self.embeddings, self.summarizer = memory, embeddings, summarizer
+        self.parent: "Timeline | None" = None
+        self._starts = [e.start for e in self.entries]
+        self._ends = np.array([e.end.timestamp() for e in self.entries], dtype=np.float64)
+
+    def visible(self, asked_at: datetime | None) -> "Timeline":
+        """The timeline as of ``asked_at`` (the whole timeline when ``asked_at`` is None)."""
+        if asked_at is None or not self.entries or self._ends.max() <= asked_at.timestamp():
+            return self
+        import bisect
+
+        n = bisect.bisect_right(self._starts, asked_at)  # entries are in time order
+        can_cut = self.memory is not None and self.embeddings is not None and self.summarizer is not None
+        entries, vectors = [], []
+        for entry, vector in zip(self.entries[:n], self.vectors[:n]):
+            if entry.end > asked_at:  # still open at asked_at: keep what was said by then
+                members = tuple(m for m in entry.member_ids if self.memory.timestamps[m] <= asked_at) if can_cut else ()
+                if not members:
+                    continue
+                centre = self.embeddings[list(members)].mean(axis=0)
+                vector = centre / max(float(np.linalg.norm(centre)), 1e-12)
+                entry = TimelineEntry(entry.start, self.memory.timestamps[members[-1]], members,
+                                      self.summarizer.summarize(self.memory, members, self.embeddings))
+            entries.append(entry)
+            vectors.append(vector)
+        dim = self.vectors.shape[1] if self.vectors.ndim == 2 else 0
+        view = Timeline(entries, np.array(vectors, dtype=np.float32).reshape(-1, dim), self.embedder,
+                        memory=self.memory, embeddings=self.embeddings, summarizer=self.summarizer)
+        view.parent = self  # per-entry caches of the full timeline stay valid for the shared entries
+        return view
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -167,4 +203,5 @@ def build_timeline(memory: Memory, embedder, config: TimelineConfig | None = Non
         entries.append(TimelineEntry(memory.timestamps[members[0]], memory.timestamps[members[-1]], tuple(members),
                                      summarizer.summarize(memory, members, embeddings)))
     dim = embeddings.shape[1] if embeddings.ndim == 2 else 0
-    return Timeline(entries, np.array(vectors, dtype=np.float32).reshape(-1, dim), embedder)
+    return Timeline(entries, np.array(vectors, dtype=np.float32).reshape(-1, dim), embedder,
+                    memory=memory, embeddings=embeddings, summarizer=summarizer)

@@ -20,9 +20,14 @@ class LocatorScriptArguments:
     dataset_seed: int = field(default=0, metadata={"help": "Seed of the synthetic benchmark generator."})
     synthetic_messages: Optional[int] = field(default=None, metadata={"help": "Generate a synthetic benchmark of this many messages instead of the default."})
     synthetic_conversations: int = field(default=16, metadata={"help": "Conversations in a generated synthetic benchmark."})
+    synthetic_train_conversations: int = field(
+        default=0, metadata={"help": "Extra synthetic conversations for the train split only, generated from "
+                                     "synthetic_train_seed (never the benchmark's seed): fresh data instead of epochs."})
+    synthetic_train_seed: int = field(default=1000, metadata={"help": "Seed of the train-only conversations (>= 1000 by convention)."})
     split_seed: int = field(default=0, metadata={"help": "Seed of the by-conversation train/validation/test split."})
-    timeline_top_k: int = field(default=30, metadata={"help": "K timeline entries in the locator prompt (TIDER: 30)."})
-    max_prompt_tokens: int = field(default=2048, metadata={"help": "Prompt token budget; lowest-ranked timeline entries are dropped to fit."})
+    prompt_lines: int = field(default=12, metadata={"help": "Timeline lines in the locator prompt (tider.locator.lines)."})
+    prompt_system_message: bool = field(default=True, metadata={"help": "Send the locator instructions as a system message."})
+    max_prompt_tokens: int = field(default=2048, metadata={"help": "Prompt token budget; the least-needed timeline lines are dropped to fit."})
     max_train_samples: Optional[int] = field(default=None, metadata={"help": "Cap on training prompts (after DAR for GRPO)."})
     max_eval_samples: Optional[int] = field(default=None, metadata={"help": "Cap on validation prompts."})
     tiny_model: bool = field(
@@ -38,6 +43,14 @@ class LocatorScriptArguments:
         default=False, metadata={"help": "Date-token embeddings = shared + year + month + day parts (tider.train.tiny)."}
     )
     wandb_project: str = field(default="tider", metadata={"help": "wandb project (offline unless WANDB_API_KEY is set)."})
+
+
+    def prompt_settings(self):
+        from tider.locator.lines import LineConfig
+        from tider.locator.prompt import PromptSettings
+
+        return PromptSettings(lines=LineConfig(max_lines=self.prompt_lines), max_prompt_tokens=self.max_prompt_tokens,
+                              system_prompt=self.prompt_system_message)
 
 
 @dataclass

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
-from tider.locator.prompt import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_TOP_K, build_messages
-from tider.types import Dataset, Query, WindowPrediction, format_time
+from tider.locator.prompt import PromptSettings, locator_input
+from tider.types import Dataset, Query, format_time
 
 SPLITS = ("train", "validation", "test")
 
@@ -50,9 +50,16 @@ def split_keys(
     }
 
 
+TRAIN_ONLY = "train_only_memories"  # Dataset.stats key: memories added for training only
+
+
 def split_queries(dataset: Dataset, seed: int = 0, fractions=(0.8, 0.1, 0.1)) -> dict[str, list[Query]]:
-    """The dataset's queries, grouped by the split of their memory."""
-    splits = split_keys(dataset.memories, seed=seed, fractions=fractions)
+    """The dataset's queries, grouped by the split of their memory. Memories listed in
+    ``dataset.stats["train_only_memories"]`` (extra training conversations) all go to
+    train; the others are split by ``split_keys``, exactly as without the extras."""
+    train_only = set(dataset.stats.get(TRAIN_ONLY, ()))
+    splits = split_keys([k for k in dataset.memories if k not in train_only], seed=seed, fractions=fractions)
+    splits["train"] = sorted(set(splits["train"]) | train_only)
     where = {key: name for name, keys in splits.items() for key in keys}
     out: dict[str, list[Query]] = {name: [] for name in SPLITS}
     for q in dataset.queries:
@@ -62,69 +69,95 @@ def split_queries(dataset: Dataset, seed: int = 0, fractions=(0.8, 0.1, 0.1)) ->
     return out
 
 
-def gold_completion(query: Query, granularity) -> str:
-    """The gold locator answer as the JSON text the model should write."""
+def _iou(a, b, granularity) -> float:
+    from tider.eval.scoring import window_iou
+
+    return window_iou([a], [b], granularity)
+
+
+def gold_answer(query: Query, table, granularity) -> dict:
+    """The gold locator answer for one prompt, in the v2 output: each gold window as the
+    reference in the prompt's table that covers it best — the cue when it is at least as
+    tight as the best line (a spelled-out date), else the line (the event inside "last
+    week"), else, when nothing in the prompt touches it, the dates themselves."""
     gold = query.gold
-    prediction = WindowPrediction(temporal=gold.temporal, windows=tuple(gold.windows) if gold.temporal else ())
-    return json.dumps(prediction.to_json(granularity))
+    if not gold.temporal:
+        return {"temporal": False, "windows": []}
+    windows: list[dict] = []
+    for g in sorted(gold.windows):
+        line = max(range(len(table.lines)), key=lambda k: (_iou(table.lines[k], g, granularity), -k), default=None)
+        cue = max(range(len(table.cues)), key=lambda j: (_iou(table.cues[j], g, granularity), -j), default=None)
+        line_iou = _iou(table.lines[line], g, granularity) if line is not None else 0.0
+        cue_iou = _iou(table.cues[cue], g, granularity) if cue is not None else 0.0
+        if cue_iou > 0 and cue_iou >= line_iou:
+            ref = {"cue": cue + 1}
+        elif line_iou > 0:
+            ref = {"entry": line + 1}
+        else:
+            ref = g.to_json(granularity)
+        if ref not in windows:
+            windows.append(ref)
+    return {"temporal": True, "windows": windows}
 
 
 class PromptBuilder:
-    """Builds locator prompts for a dataset: the memory's timeline (from the retrieval
-    store, so prompts and retrieval rewards see the same clusters), top-K entries per
-    query, token-budget truncation with the policy's tokenizer."""
+    """Builds locator-v2 prompts for a dataset from the retrieval store (so prompts and
+    retrieval rewards see the same timeline and embeddings): the timeline as of each
+    question's ``asked_at``, its resolved time cues, the chosen lines, and token-budget
+    truncation with the policy's tokenizer. ``build(query)`` returns the ``LocatorInput``
+    (messages + the table references resolve against)."""
 
-    def __init__(
-        self,
-        dataset: Dataset,
-        timeline_for: Callable[[str], object],
-        *,
-        tokenizer=None,
-        top_k: int = DEFAULT_TOP_K,
-        max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
-    ):
+    def __init__(self, dataset: Dataset, store, *, tokenizer=None, settings: Optional[PromptSettings] = None,
+                 resolver=None):
+        from tider.locator.rules import shared_resolver
+
         self.dataset = dataset
-        self.timeline_for = timeline_for  # memory key -> Timeline, e.g. RetrievalStore.timeline
+        self.store = store
         self.tokenizer = tokenizer
-        self.top_k = top_k
-        self.max_prompt_tokens = max_prompt_tokens
+        self.settings = settings or PromptSettings()
+        self.resolver = resolver or shared_resolver()
+
+    def build(self, query: Query):
+        from tider.locator.rules import query_cues
+
+        public = query.public()
+        memory = self.dataset.memories[query.memory_key]
+        timeline = self.store.timeline(query.memory_key).visible(public.asked_at)
+        cues = query_cues(self.resolver, public, memory)
+        return locator_input(public, memory, timeline, cues, self.dataset.granularity, self.settings,
+                             query_vector=self.store.query_vector(public), tokenizer=self.tokenizer)
 
     def messages(self, query: Query) -> list[dict]:
-        public = query.public()
-        entries = self.timeline_for(query.memory_key).top_k(public.text, self.top_k)
-        return build_messages(
-            public,
-            entries,
-            self.dataset.granularity,
-            tokenizer=self.tokenizer,
-            max_prompt_tokens=self.max_prompt_tokens,
-            top_k=self.top_k,
-        )
+        return self.build(query).messages
 
 
 def sft_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
-    """TRL conversational prompt-completion records with the gold JSON as the completion."""
-    g = builder.dataset.granularity
-    return [
-        {
-            "prompt": builder.messages(q),
-            "completion": [{"role": "assistant", "content": gold_completion(q, g)}],
-            "query_key": q.key,
-            "category": q.category or "",
-        }
-        for q in queries
-    ]
-
-
-def grpo_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
-    """GRPO prompts plus the gold columns the rewards read (TRL passes extra columns as kwargs)."""
+    """TRL conversational prompt-completion records with the gold answer as the completion."""
     g = builder.dataset.granularity
     records = []
     for q in queries:
+        table = builder.build(q)
+        records.append({
+            "prompt": table.messages,
+            "completion": [{"role": "assistant", "content": json.dumps(gold_answer(q, table, g))}],
+            "query_key": q.key,
+            "category": q.category or "",
+        })
+    return records
+
+
+def grpo_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
+    """GRPO prompts plus the columns the rewards read (TRL passes extra columns as kwargs):
+    the prompt's reference table (``refs``) and the gold labels."""
+    g = builder.dataset.granularity
+    records = []
+    for q in queries:
+        table = builder.build(q)
         gold_windows = [[format_time(w.start, g), format_time(w.end, g)] for w in q.gold.windows] if q.gold.temporal else []
         records.append(
             {
-                "prompt": builder.messages(q),
+                "prompt": table.messages,
+                "refs": table.refs_json(g),
                 "query_key": q.key,
                 "memory_key": q.memory_key,
                 "category": q.category or "",

@@ -31,15 +31,37 @@ def setup_wandb_env(project: str) -> None:
 
 
 def load_training_dataset(script_args) -> Dataset:
+    """The benchmark, plus ``synthetic_train_conversations`` train-only conversations."""
     from tider.data import load_dataset
 
     if script_args.dataset_name == "synthetic" and script_args.dataset_path is None and script_args.synthetic_messages:
         from tider.data.synth import generate
 
-        return generate(script_args.synthetic_messages, seed=script_args.dataset_seed,
-                        n_conversations=script_args.synthetic_conversations)
-    options = {"seed": script_args.dataset_seed} if script_args.dataset_name == "synthetic" else {}
-    return load_dataset(script_args.dataset_name, script_args.dataset_path, **options)
+        dataset = generate(script_args.synthetic_messages, seed=script_args.dataset_seed,
+                           n_conversations=script_args.synthetic_conversations)
+    else:
+        options = {"seed": script_args.dataset_seed} if script_args.dataset_name == "synthetic" else {}
+        dataset = load_dataset(script_args.dataset_name, script_args.dataset_path, **options)
+    if script_args.synthetic_train_conversations:
+        dataset = with_train_conversations(dataset, script_args.synthetic_train_conversations, script_args.synthetic_train_seed)
+    return dataset
+
+
+def with_train_conversations(dataset: Dataset, n: int, seed: int) -> Dataset:
+    """``dataset`` plus ``n`` synthetic conversations (seed ``seed``, sized like the
+    synthetic default) that only ever land in the train split (``examples.TRAIN_ONLY``)."""
+    from tider.data.synth import DEFAULT_CONVERSATIONS, DEFAULT_MESSAGES, generate
+    from tider.train.examples import TRAIN_ONLY
+
+    if seed == getattr(dataset, "stats", {}).get("seed"):
+        raise ValueError(f"synthetic_train_seed {seed} is the benchmark's own seed: train-only conversations must differ")
+    per_conversation = DEFAULT_MESSAGES // DEFAULT_CONVERSATIONS
+    extra = generate(per_conversation * n, seed=seed, n_conversations=n, key_prefix=f"synth-t{seed}")
+    if dataset.granularity != extra.granularity:
+        raise ValueError(f"train-only synthetic conversations are {extra.granularity!r}-grained, {dataset.name!r} is {dataset.granularity!r}")
+    stats = {**dataset.stats, TRAIN_ONLY: sorted(extra.memories)}
+    return Dataset(dataset.name, dataset.granularity, {**dataset.memories, **extra.memories},
+                   dataset.queries + extra.queries, stats)
 
 
 def date_range_tokens(dataset: Dataset, margin_days: int = 60) -> list[str]:
@@ -86,8 +108,8 @@ def prepare(script_args, model_path: str, *, stage: str, dataset: Optional[Datas
 
     dataset = dataset or load_training_dataset(script_args)
     store = store or RetrievalStore(dataset)
-    builder = PromptBuilder(dataset, store.timeline, top_k=script_args.timeline_top_k,
-                            max_prompt_tokens=script_args.max_prompt_tokens)
+    builder = PromptBuilder(dataset, store, settings=script_args.prompt_settings())
+    store.prepare(dataset.queries)  # one batched encode of every question the prompts need
     if script_args.tiny_model:
         ensure_tiny_model(script_args, model_path, dataset, builder)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -126,7 +148,7 @@ def write_locator_meta(output_dir: str, script_args, dataset: Dataset, *, train_
         "chat_template_kwargs": dict(chat_template_kwargs or {"enable_thinking": False}),
         "training_data_hash": training_data_hash(dataset, train_query_keys),
         "granularity": dataset.granularity,
-        "timeline_top_k": script_args.timeline_top_k,
+        "prompt_settings": script_args.prompt_settings().to_json(),
         "max_prompt_tokens": script_args.max_prompt_tokens,
         "dataset_name": dataset.name,
         "split_seed": script_args.split_seed,

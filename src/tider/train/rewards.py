@@ -11,6 +11,7 @@ TRL 1.16 calls every reward as ``f(prompts=, completions=, completion_ids=,
 | ``switch`` | r_det | ``scoring.switch_correct`` (temporal flag == gold) |
 | ``window_iou`` | r_win | ``scoring.window_iou`` at the data's granularity; non-temporal both sides -> 1, one side -> 0 |
 | ``evidence_coverage`` | r_evd | gold evidence in the top-k of the dual-channel retriever driven by the prediction |
+| ``evidence_gain`` | r_evd, shortcut-proof | that coverage minus the semantic channel's alone (a year-wide window gains ~0) |
 | ``answer_correct`` | r_out | a reader LLM answers from the retrieved evidence; token F1 against the gold answer |
 | ``answer_span`` | r_out proxy | fraction of gold-answer tokens present in the retrieved text (no LLM; a proxy) |
 | ``proximity`` | Memory-T1 R_s | smooth distance-to-gold, ``2 / (1 + exp(d / tau))`` (1 when touching) |
@@ -30,7 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 from tider.eval import scoring
 from tider.locator.parse import ParseFailure, ParseResult, parse_prediction
 from tider.registry import Registry
-from tider.types import GRANULARITY_UNIT, Dataset, Window, WindowPrediction, floor_time
+from tider.types import GRANULARITY_UNIT, NON_TEMPORAL, Dataset, Window, WindowPrediction, floor_time
 from dateutil.parser import isoparse
 
 RewardFn = Callable[..., list[float]]
@@ -118,12 +119,13 @@ def _parse_all(completions, kwargs, ctx: RewardContext) -> list[ParseResult]:
     n = len(completions)
     grans = _column(kwargs, "granularity", n, (ctx.dataset.granularity if ctx.dataset else "day"))
     memories = _column(kwargs, "memory_key", n)
+    tables = _column(kwargs, "refs", n)  # each prompt's line/cue table (locator-v2 references)
     results = []
-    for completion, gran, memory_key in zip(completions, grans, memories):
+    for completion, gran, memory_key, table in zip(completions, grans, memories, tables):
         span = None
         if ctx.check_memory_span and ctx.dataset is not None and memory_key in ctx.dataset.memories:
             span = ctx.dataset.memories[memory_key].span
-        results.append(parse_prediction(completion_text(completion), granularity=gran, memory_span=span))
+        results.append(parse_prediction(completion_text(completion), granularity=gran, refs=table, memory_span=span))
     return results
 
 
@@ -205,6 +207,23 @@ def _evidence_coverage(completions, *, ctx, parsed, query_key, evidence_ids, **k
             continue
         ids = ctx.retrieved("evidence_coverage", qk, p.prediction)
         out.append(scoring.evidence_coverage(ids, gold_ids, ctx.k))
+    return out
+
+
+@register_reward("evidence_gain")
+def _evidence_gain(completions, *, ctx, parsed, query_key, evidence_ids, **kw) -> list[float]:
+    """Coverage of the retrieval the prediction drives *minus* the semantic channel's alone,
+    in [-1, 1]. A window spanning most of the memory retrieves about what no window does,
+    so it gains ~0 where plain coverage paid it in full (the wide-window shortcut GRPO
+    found under locator-v1); a wrong window that pushes the evidence out loses."""
+    out = []
+    for p, qk, gold_ids in zip(parsed, query_key, evidence_ids):
+        if not p.ok or not gold_ids:
+            out.append(0.0)
+            continue
+        base = scoring.evidence_coverage(ctx.retrieved("evidence_gain", qk, NON_TEMPORAL), gold_ids, ctx.k)
+        got = scoring.evidence_coverage(ctx.retrieved("evidence_gain", qk, p.prediction), gold_ids, ctx.k)
+        out.append(got - base)
     return out
 
 

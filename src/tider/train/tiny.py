@@ -46,7 +46,11 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, date_tokens: 
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits one by one (as Qwen's tokenizer does): the "2" of a line tag "L2" and of an
+    # answer {"entry": 2} are then the same token, which the locator copies.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -1,0 +1,153 @@
+"""Which timeline entries the locator prompt shows, and the marks on them (locator-v2).
+
+A locator can only point at what it is shown. v1 showed the top-K entries by similarity
+to the question; on a memory where an event recurs weekly, the K most similar entries
+are K arbitrary twins of the event and the one the question asks about is usually not
+among them. v2 picks entries for what the question's *structure* can need, and marks the
+relations a date library can compute, so that the model's job is to read the question
+and pick (DESIGN decision 11). Every rule is learning-free and dataset-agnostic:
+
+- **cues** ``C<j>``: the best-matching entries inside each resolved time cue (``rules``),
+  marked with the cue's number ("the offsite last week" -> the offsite of that week);
+- **anchor** ``A``: the best entry holding the question's rarest term when few entries
+  have it ("reorg"), with its nearest *relevant* entries before and after it marked
+  ``A-1``, ``A-2``... and ``A+1``... ("the last review before the reorg" is ``A-1``);
+- **recent** ``R``: the latest relevant entry by ``asked_at`` ("the current region");
+- **semantic**: the top entries by similarity (what v1 showed), then more to fill.
+
+An entry's similarity to the question is that of its best message (``entry_scores``), not
+of its centroid: a cluster that holds the evidence next to small talk must still rank as
+the evidence does. "Relevant" = within ``relevant_margin`` (cosine) of the best entry:
+near-identical twins of the asked-about event are, everything else is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LineConfig:
+    max_lines: int = 14
+    semantic: int = 3  # top entries by similarity, always shown
+    per_cue: int = 2  # best entries overlapping each cue
+    recent: int = 2  # latest relevant entries (the latest is marked R)
+    anchor_neighbours: int = 3  # relevant entries shown on each side of the anchor (A-1.., A+1..)
+    relevant_margin: float = 0.15  # cosine below the best entry's that still counts as relevant
+    anchor_max_share: float = 0.03  # a term is an anchor when at most this share of entries has it
+    mark_pad_days: float = 3.0  # a one-day cue marks lines within this many days (its reading is a point)
+
+
+@dataclass
+class Selection:
+    """Entries to show, most needed first (a token budget drops from the end), and the
+    marks of each shown entry (by index into the visible timeline)."""
+
+    picked: list[int] = field(default_factory=list)
+    marks: dict[int, list[str]] = field(default_factory=dict)
+
+    def mark(self, i: int, label: str) -> None:
+        self.marks.setdefault(i, []).append(label)
+
+
+def _terms(text: str) -> set[str]:
+    from tider.retrieval.bm25 import tokenize
+
+    return {t for t in tokenize(text) if not t.isdigit()}
+
+
+def _entry_text_terms(timeline, entry) -> set[str]:
+    if timeline.memory is None:
+        return _terms(entry.summary)
+    return set().union(*(_terms(timeline.memory[i].text) for i in entry.member_ids))
+
+
+def entry_terms(timeline) -> list[set[str]]:
+    """Terms of every entry's member messages. Cached on the full timeline: a visible view
+    (``Timeline.visible``) shares its entries but the last, so it reuses the cache."""
+    full = getattr(timeline, "parent", None) or timeline
+    cached = getattr(full, "_entry_terms", None)
+    if cached is None:
+        cached = full._entry_terms = [_entry_text_terms(full, e) for e in full.entries]
+    if full is timeline:
+        return cached
+    return [cached[i] if full.entries[i] is e else _entry_text_terms(timeline, e)
+            for i, e in enumerate(timeline.entries)]
+
+
+def cue_spans(cues: Sequence, pad: timedelta) -> list:
+    """The span each cue marks: a one-day cue is widened by ``pad`` (its reading is a
+    point: "two weeks ago" is a day in that week, not necessarily the asked-about one)."""
+    return [c.window.widen(pad) if (c.window.end - c.window.start) <= timedelta(days=1) else c.window for c in cues]
+
+
+def _anchor(question: str, cues: Sequence, terms: list[set[str]], sims: np.ndarray, relevant: Sequence[int],
+            config: LineConfig) -> int | None:
+    """The anchor: the best entry holding the question's rarest term, when few entries
+    hold it and the term is not the asked-about event's own word (most relevant entries
+    hold it: "budget" in "the budget meeting last month"); an anchor is *another* event
+    ("the review before the reorg"). Words of the time cues are the date library's ("May"
+    in "on May 20"), not candidates."""
+    cue_words = set().union(*(_terms(c.text) for c in cues)) if cues else set()
+    counts = {t: sum(t in s for s in terms) for t in _terms(question) - cue_words}
+    rare = [t for t, n in counts.items() if 0 < n <= max(1, config.anchor_max_share * len(terms))
+            and sum(t in terms[i] for i in relevant) < 0.5 * len(relevant)]
+    if not rare:
+        return None
+    term = min(rare, key=lambda t: (counts[t], t))
+    holders = [i for i, s in enumerate(terms) if term in s]
+    return max(holders, key=lambda i: (sims[i], -i))
+
+
+def select_lines(question: str, timeline, sims: np.ndarray, cues: Sequence, config: LineConfig = LineConfig()) -> Selection:
+    """The entries of the visible ``timeline`` to show for ``question``, and their marks."""
+    out = Selection()
+    n = len(timeline.entries)
+    if n == 0:
+        return out
+    by_sim = [int(i) for i in np.lexsort((np.arange(n), -sims))]
+    relevant = sorted(i for i in by_sim if sims[i] >= sims[by_sim[0]] - config.relevant_margin)
+
+    def add(ids) -> None:
+        for i in ids:
+            if i not in out.picked and len(out.picked) < config.max_lines:
+                out.picked.append(i)
+
+    for j, span in enumerate(cue_spans(cues, timedelta(days=config.mark_pad_days)), start=1):
+        inside = [i for i in by_sim if timeline.entries[i].start <= span.end and timeline.entries[i].end >= span.start]
+        add(inside[: config.per_cue])
+        for i in inside:
+            out.mark(i, f"C{j}")
+    anchor = _anchor(question, cues, entry_terms(timeline), sims, relevant, config)
+    if anchor is not None:
+        add([anchor])
+        out.mark(anchor, "A")
+        before = [i for i in relevant if i < anchor][::-1][: config.anchor_neighbours]
+        after = [i for i in relevant if i > anchor][: config.anchor_neighbours]
+        for side, ids in (("-", before), ("+", after)):
+            add(ids)
+            for k, i in enumerate(ids, start=1):
+                out.mark(i, f"A{side}{k}")
+    if relevant:
+        out.mark(relevant[-1], "R")
+    add(relevant[::-1][: config.recent])
+    add(by_sim[: config.semantic])
+    add(by_sim)
+    return out
+
+
+def entry_scores(timeline, message_sims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(score, best_member)`` per entry: the best member message's similarity and id."""
+    if not timeline.entries:
+        return np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64)
+    best_score = np.empty(len(timeline.entries), dtype=np.float32)
+    best_id = np.empty(len(timeline.entries), dtype=np.int64)
+    for j, e in enumerate(timeline.entries):
+        ids = np.asarray(e.member_ids)
+        k = int(np.argmax(message_sims[ids]))
+        best_score[j], best_id[j] = message_sims[ids[k]], ids[k]
+    return best_score, best_id

@@ -1,0 +1,224 @@
+"""Time expressions in a question, resolved against ``asked_at`` by a maintained library,
+and the ``rules`` window source built on them (DESIGN decision 11: time arithmetic is a
+library's job; deciding what the question needs is the locator's).
+
+The library is Microsoft Recognizers-Text (``ms-recognizers-text-date-time``, MIT): it
+finds "last week", "in March", "two days ago", "since May 3", "the first half of
+September 2022" ... and resolves them against a reference time into dates or date ranges
+("last week" is the previous Monday-Sunday, "last month" the previous calendar month).
+What this module adds is only what the library leaves open:
+
+- **Which year.** A year-less expression ("in June", "on Sunday") comes back as a past
+  and a future candidate; a question looks back, so the latest candidate that starts at
+  or before ``asked_at`` wins.
+- **Open ranges.** "since March" has no end and "before May 3" no start: they are closed
+  by ``asked_at`` and by the start of the memory.
+- **Nothing the library cannot resolve** (durations, "recently", "the summer", times of
+  day alone) is guessed at: it yields no cue.
+- **Event time vs mention time.** Messages are indexed by when they were said; a cue that
+  lies wholly outside the visible memory (before its first message, or after
+  ``asked_at``, e.g. "4 years ago" or "in 2010") says nothing about where the evidence is
+  and is dropped (``clip``).
+
+``TimeCue`` is what the locator prompt shows (``cue 1: "last week" = 2023-05-01 ..
+2023-05-07``) and what ``{"cue": 1}`` in a locator answer refers to. The ``rules`` source
+turns every cue into a window, widened by ``pad_days``; no cue means ``temporal=false``.
+Resolution costs ~20-50 ms a question in pure Python, so results are memoised per
+(text, reference time).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Optional, Sequence
+
+from tider.locator.sources import BaseSource, register_source
+from tider.types import NON_TEMPORAL, Memory, Query, Window, WindowPrediction
+
+logger = logging.getLogger(__name__)
+
+DAY = timedelta(days=1)
+# Recognizers-Text result types that resolve to calendar time; durations ("for two
+# weeks"), sets ("every Monday") and bare times of day say nothing about which days.
+_DATED_TYPES = {"date", "daterange", "datetime", "datetimerange"}
+
+
+@dataclass(frozen=True)
+class TimeCue:
+    """One resolved time expression: the words as written and the closed day range."""
+
+    text: str
+    window: Window
+
+    def clip(self, lo: datetime, hi: datetime) -> Optional["TimeCue"]:
+        """This cue restricted to ``[lo, hi]``; None when it lies wholly outside."""
+        start, end = max(self.window.start, lo), min(self.window.end, hi)
+        return TimeCue(self.text, Window(start, end)) if start <= end else None
+
+
+def _day(ts: datetime) -> datetime:
+    return ts.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def _end_of_day(ts: datetime) -> datetime:
+    return _day(ts) + DAY - timedelta(microseconds=1)
+
+
+def _parse_stamp(value) -> Optional[datetime]:
+    if not value or not isinstance(value, str) or value == "not resolved":
+        return None
+    try:
+        return datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+
+
+def _candidate(value: dict, kind: str, floor: datetime, asked_at: datetime) -> Optional[Window]:
+    """One resolution value -> a closed day window (open ends closed by floor/asked_at)."""
+    timex = str(value.get("timex", ""))
+    if "REF" in timex:  # PAST_REF / PRESENT_REF / FUTURE_REF: "recently", "now" - vague
+        return None
+    if kind in ("date", "datetime"):
+        point = _parse_stamp(value.get("value"))
+        return Window(_day(point), _end_of_day(point)) if point else None
+    start, end = _parse_stamp(value.get("start")), _parse_stamp(value.get("end"))
+    if start is None and end is None:
+        return None
+    start = _day(start) if start else _day(floor)
+    # Ranges come back half-open ("2023-05-01" .. "2023-05-08" for a week); a missing end
+    # is an open range ("since March") that runs to the question.
+    end = _end_of_day(end - DAY) if end is not None and kind == "daterange" else (end or _end_of_day(asked_at))
+    return Window(start, end) if start <= end else None
+
+
+class CueResolver:
+    """Resolves the time expressions of a question against its ``asked_at``.
+
+    ``cache_path`` (a JSONL file) keeps resolutions across processes: the library costs
+    tens of milliseconds a question, the same questions come back in every training and
+    evaluation run, and an appended line per question survives a killed run (a torn last
+    line is skipped on load)."""
+
+    def __init__(self, culture: str = "en-us", cache_path: Optional[str | Path] = None):
+        self.culture = culture
+        self._model = None
+        self._memo: dict[tuple, tuple[TimeCue, ...]] = {}
+        self.cache_path = Path(cache_path) if cache_path else None
+        if self.cache_path is not None and self.cache_path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        for line in self.cache_path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+                key = (row["text"], datetime.fromisoformat(row["asked_at"]), datetime.fromisoformat(row["floor"]))
+                self._memo[key] = tuple(TimeCue(c, Window(datetime.fromisoformat(a), datetime.fromisoformat(b)))
+                                        for c, a, b in row["cues"])
+            except (ValueError, KeyError, TypeError):
+                continue
+
+    def _store(self, key: tuple, cues: tuple[TimeCue, ...]) -> None:
+        if self.cache_path is None:
+            return
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        row = {"text": key[0], "asked_at": key[1].isoformat(), "floor": key[2].isoformat(),
+               "cues": [[c.text, c.window.start.isoformat(), c.window.end.isoformat()] for c in cues]}
+        with open(self.cache_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def _parse(self, text: str, reference: datetime):
+        if self._model is None:  # building the recognizer compiles hundreds of regexes
+            from ms_recognizers_date_time import DateTimeRecognizer
+
+            self._model = DateTimeRecognizer(self.culture).get_datetime_model(self.culture)
+        return self._model.parse(text, reference)
+
+    def resolve(self, text: str, asked_at: datetime, floor: Optional[datetime] = None) -> tuple[TimeCue, ...]:
+        """Cues in the order they occur in ``text``; ``floor`` closes ranges without a
+        start ("before May 3"), default four years before ``asked_at``."""
+        key = (text, asked_at, floor or asked_at - timedelta(days=4 * 365))
+        if key not in self._memo:
+            self._memo[key] = tuple(self._resolve(*key))
+            self._store(key, self._memo[key])
+        return self._memo[key]
+
+    def _resolve(self, text: str, asked_at: datetime, floor: datetime) -> list[TimeCue]:
+        cues: list[TimeCue] = []
+        for result in self._parse(text, asked_at):
+            kind = str(result.type_name).rsplit(".", 1)[-1]
+            if kind not in _DATED_TYPES:
+                continue
+            values = (result.resolution or {}).get("values", [])
+            windows = [w for w in (_candidate(v, kind, floor, asked_at) for v in values) if w is not None]
+            past = [w for w in windows if w.start <= asked_at]
+            if not past:
+                continue
+            window = max(past, key=lambda w: w.start)  # the latest reading that is not in the future
+            cue = TimeCue(" ".join(str(result.text).split()), window)
+            if cue not in cues:
+                cues.append(cue)
+        return cues
+
+
+def visible_span(memory: Memory, asked_at: datetime) -> Optional[Window]:
+    """``[first message, asked_at]`` as whole days; None when nothing was said by then."""
+    if not len(memory) or memory.timestamps[0] > asked_at:
+        return None
+    return Window(_day(memory.timestamps[0]), _end_of_day(asked_at))
+
+
+def query_cues(resolver: CueResolver, query: Query, memory: Memory) -> tuple[TimeCue, ...]:
+    """The question's cues clipped to the part of the memory it can see."""
+    span = visible_span(memory, query.asked_at)
+    if span is None:
+        return ()
+    cues = resolver.resolve(query.text, query.asked_at, floor=span.start)
+    clipped = (c.clip(span.start, span.end) for c in cues)
+    return tuple(c for c in clipped if c is not None)
+
+
+_SHARED: Optional[CueResolver] = None
+
+
+def default_cache_path() -> Path:
+    """``$TIDER_CACHE/cues.jsonl`` if set, else ``.cache/tider/cues.jsonl`` under the cwd."""
+    root = os.environ.get("TIDER_CACHE")
+    return (Path(root) if root else Path(".cache") / "tider") / "cues.jsonl"
+
+
+def shared_resolver() -> CueResolver:
+    """One resolver per process (the recognizer is expensive to build), cached on disk."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = CueResolver(cache_path=default_cache_path())
+    return _SHARED
+
+
+@register_source("rules")
+class RulesWindows(BaseSource):
+    """Learning-free baseline: every time expression of the question becomes a window.
+
+    ``pad_days`` widens each window on both sides (LongMemEval's time-aware expansion pads
+    +-2 days); the retriever's distance decay already softens the edges, so the default
+    is a small pad. No resolvable expression -> ``temporal=false`` (semantic path)."""
+
+    name = "rules"
+
+    def __init__(self, pad_days: float = 1.0, resolver: Optional[CueResolver] = None):
+        self.pad = timedelta(days=pad_days)
+        self.resolver = resolver or shared_resolver()
+
+    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
+        cues = query_cues(self.resolver, query, memory)
+        if not cues:
+            return NON_TEMPORAL
+        windows = sorted({c.window.widen(self.pad) for c in cues})
+        return WindowPrediction(temporal=True, windows=tuple(windows))
+
+    def cues(self, queries: Sequence[Query], memories: Sequence[Memory]) -> list[tuple[TimeCue, ...]]:
+        return [query_cues(self.resolver, q, m) for q, m in zip(queries, memories)]

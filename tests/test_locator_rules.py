@@ -1,0 +1,80 @@
+"""The ``rules`` window source: time expressions resolved against asked_at by Recognizers-Text."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from tider.locator.rules import CueResolver, RulesWindows, query_cues
+from tider.locator.sources import make_source
+from tider.types import NON_TEMPORAL, Memory, Message, Query, Window
+
+ASKED = datetime(2023, 5, 10, 18, 0)  # a Wednesday
+
+
+def days(cues):
+    return [(c.window.start.date().isoformat(), c.window.end.date().isoformat()) for c in cues]
+
+
+@pytest.fixture(scope="module")
+def resolver():
+    return CueResolver()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Which venue did we pick at the offsite last week?", [("2023-05-01", "2023-05-07")]),  # Monday-Sunday
+    ("What did we decide last month?", [("2023-04-01", "2023-04-30")]),
+    ("Who called yesterday?", [("2023-05-09", "2023-05-09")]),
+    ("What happened two days ago?", [("2023-05-08", "2023-05-08")]),
+    ("What happened last weekend?", [("2023-05-06", "2023-05-07")]),
+    ("What changed since March?", [("2023-03-01", "2023-05-10")]),  # open range closed by asked_at
+    ("Which dish on 2023-04-02 and on April 20, 2023?", [("2023-04-02", "2023-04-02"), ("2023-04-20", "2023-04-20")]),
+    ("What did we pick in June?", [("2022-06-01", "2022-06-30")]),  # year-less: the latest June not in the future
+    ("What did we pick in early March?", [("2023-03-01", "2023-03-15")]),  # the library's reading of "early"
+])
+def test_expressions_resolve_against_asked_at(resolver, text, expected):
+    assert days(resolver.resolve(text, ASKED)) == expected
+
+
+@pytest.mark.parametrize("text", ["What is the current region of project cobalt?", "What did we paint recently?",
+                                  "How long did the offsite last?", "What is dave's pet?"])
+def test_no_resolvable_expression_means_no_cue(resolver, text):
+    assert resolver.resolve(text, ASKED) == ()
+
+
+def _memory(first: datetime, last: datetime) -> Memory:
+    n = (last - first).days + 1
+    return Memory("m", [Message(i, f"m{i}", f"message {i}", first + timedelta(days=i), "ana", "s") for i in range(n)])
+
+
+def _query(text: str, asked: datetime = ASKED) -> Query:
+    return Query("q", "m", text, asked)
+
+
+def test_rules_source_pads_clips_and_falls_back_to_semantic(resolver):
+    memory = _memory(datetime(2023, 1, 2, 9), datetime(2023, 6, 30, 9))
+    source = make_source("rules", pad_days=1.0)
+    assert isinstance(source, RulesWindows)
+    p = source.predict(_query("Which venue did we pick at the offsite last week?"), memory, None)
+    assert p.temporal and p.windows == (Window(datetime(2023, 4, 30), datetime(2023, 5, 8, 23, 59, 59, 999999)),)
+    # "4 years ago" and "in 2010" name times before the memory began: nothing to localize.
+    assert source.predict(_query("Where did she move from 4 years ago?"), memory, None) == NON_TEMPORAL
+    assert source.predict(_query("What did we build in 2010?"), memory, None) == NON_TEMPORAL
+    assert source.predict(_query("What is dave's pet?"), memory, None) == NON_TEMPORAL
+    # A range is cut at what the question can see: the memory's start and asked_at.
+    (cue,) = query_cues(resolver, _query("What did we change this year?"), memory)
+    assert cue.window.start == datetime(2023, 1, 2) and cue.window.end.date() == ASKED.date()
+    two = source.predict(_query("Which dish on 2023-04-02 and on 2023-04-20?"), memory, None)
+    assert len(two.windows) == 2
+
+
+def test_cues_persist_across_processes_and_a_torn_line_is_skipped(tmp_path):
+    path = tmp_path / "cues.jsonl"
+    first = CueResolver(cache_path=path)
+    cues = first.resolve("the offsite last week", ASKED)
+    with open(path, "a") as f:
+        f.write('{"text": "torn')  # a run killed mid-write
+    second = CueResolver(cache_path=path)
+    second._parse = lambda *a: pytest.fail("a cached question must not be parsed again")
+    assert second.resolve("the offsite last week", ASKED) == cues
