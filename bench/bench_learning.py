@@ -53,7 +53,7 @@ def recipe_args(stage: str, overrides: list[str]):
 def score_predictions(name, preds, texts, queries, ds, store, builder, reward_names, weights) -> list[dict]:
     """Per-query records: rewards (from completions when there are texts), recall@20, IoU."""
     from tider.eval.metrics import query_metrics
-    from tider.eval.scoring import window_iou
+    from tider.scoring import window_iou
     from tider.train.examples import grpo_records
     from tider.train.rewards import RewardContext, make_rewards
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tider.eval.scoring import evidence_coverage
+from tider.scoring import evidence_coverage
 from tider.locator.sources import gold_predictions, make_source
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.embed import Embedder

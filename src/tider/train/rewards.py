@@ -27,10 +27,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from tider.eval import scoring
+from tider import scoring
 from tider.locator.parse import ParseFailure, ParseResult, parse_prediction
 from tider.registry import Registry
-from tider.types import GRANULARITY_UNIT, Dataset, Window, WindowPrediction, floor_time
+from tider.types import Dataset, Window, WindowPrediction
 from dateutil.parser import isoparse
 
 RewardFn = Callable[..., list[float]]
@@ -157,18 +157,6 @@ def _window_iou(completions, *, ctx, parsed, gold_windows, granularity=None, **k
     ]
 
 
-def _gap_units(a: Window, b: Window, granularity: str) -> float:
-    """Whole granularity units between two windows, each covering ``floor(start) ..
-    floor(end)`` inclusive as in ``scoring.window_iou`` (0 when they touch or overlap)."""
-    unit = GRANULARITY_UNIT[granularity].total_seconds()
-
-    def units(w: Window) -> tuple[float, float]:
-        return floor_time(w.start, granularity).timestamp() / unit, floor_time(w.end, granularity).timestamp() / unit + 1
-
-    (a_lo, a_hi), (b_lo, b_hi) = units(a), units(b)
-    return max(b_lo - a_hi, a_lo - b_hi, 0.0)
-
-
 def proximity_score(pred: Sequence[Window], gold: Sequence[Window], granularity: str, tau_units: float) -> float:
     """Symmetric smooth closeness of two window sets: the mean, over gold windows, of
     ``s(distance to the nearest predicted window)`` averaged with the same over predicted
@@ -181,8 +169,8 @@ def proximity_score(pred: Sequence[Window], gold: Sequence[Window], granularity:
     def s(d: float) -> float:
         return 2.0 / (1.0 + math.exp(min(d / tau_units, 700.0)))
 
-    to_gold = sum(s(min(_gap_units(g, p, granularity) for p in pred)) for g in gold) / len(gold)
-    to_pred = sum(s(min(_gap_units(p, g, granularity) for g in gold)) for p in pred) / len(pred)
+    to_gold = sum(s(min(scoring.unit_gap(g, p, granularity) for p in pred)) for g in gold) / len(gold)
+    to_pred = sum(s(min(scoring.unit_gap(p, g, granularity) for g in gold)) for p in pred) / len(pred)
     return 0.5 * (to_gold + to_pred)
 
 
