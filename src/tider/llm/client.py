@@ -240,19 +240,10 @@ def make_client(
 ) -> LLMClient:
     """``spec`` is an OpenAI-compatible base URL (``http://host:port/v1``) or a local
     checkpoint path. For a URL without ``model`` the server's first listed model is used."""
-    from tider.llm.backends import LocalHFBackend, OpenAIBackend
+    from tider.llm.backends import LocalHFBackend, OpenAIBackend, served_models
 
     if spec.startswith(("http://", "https://")):
-        if model is None:
-            import os
-
-            from openai import OpenAI
-
-            key = os.environ.get(api_key_env) or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-            listed = OpenAI(base_url=spec, api_key=key, timeout=timeout, max_retries=2).models.list().data
-            if not listed:
-                raise ValueError(f"server {spec} lists no models; pass the model name")
-            model = listed[0].id
+        model = model or served_models(spec, api_key_env=api_key_env)[0]["id"]
         backend = OpenAIBackend(
             spec, model, api_key_env=api_key_env, timeout=timeout, structured=structured,
             chat_template_kwargs=chat_template_kwargs,
