@@ -160,3 +160,11 @@ class StageRunner:
         """Keys whose latest line is an exception (``partial`` records are not errors)."""
         return {k: row.get("error", "") for k, row in read_records(self.stage_path(name)).items()
                 if row.get("status") == "error"}
+
+    def raise_if_failed(self, name: str) -> None:
+        """Stop the run when a stage left errors: later stages would build on missing records."""
+        failed = self.errors(name)
+        if failed:
+            key, error = next(iter(failed.items()))
+            raise RuntimeError(f"{name}: {len(failed)} queries failed (e.g. {key}: {error}); "
+                               f"rerun to retry them, see {self.stage_path(name)}")
