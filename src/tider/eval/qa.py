@@ -27,7 +27,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
-from tider.eval.answer_metrics import answer_f1
+from tider import scoring
 from tider.eval.leakage import LeakageValidator
 from tider.eval.runner import Stage, StageRunner, file_hash, fingerprint_of
 from tider.forest.compress import IDF, compress_forest, truncate_to_budget, whitespace_tokens
@@ -68,7 +68,7 @@ class QAConfig:
     seed: int = 0
     until: str = "judge"  # last stage to run: compress = context statistics without a reader
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    # Options of model-backed window sources, e.g. {"locator": {"url": ...}} (tider.commands.window_options).
+    # Options of model-backed window sources, e.g. {"locator": {"url": ...}} (tider.commands.eval_options).
     source_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -289,7 +289,7 @@ class QARun:
             adversarial = str(query.category) in ("5", "adversarial")
             gold_answer = ADVERSARIAL_GOLD if adversarial else (gold.answer or "")
             base = {"category": str(query.category), "bucket": window_bucket(len(gold.windows)),
-                    "f1": answer_f1(rec["answer"], gold.answer, query.category)}
+                    "f1": scoring.answer_f1(rec["answer"], gold.answer, query.category)}
             if rec["error"] is not None or not rec["answer"]:
                 return {**base, "correct": False, "verdict": None, "error": "no_answer", "llm": {}}
 

@@ -24,7 +24,9 @@ def reward_context(script_args, dataset, store=None) -> RewardContext:
 
         if not script_args.reader_model:
             raise ValueError("reward 'answer_correct' needs reader_model (and reader_base_url) in the recipe")
-        reader = make_client(model=script_args.reader_model, base_url=script_args.reader_base_url)
+        # reader_base_url: a server (reader_model names the served model); else reader_model is a checkpoint.
+        url = script_args.reader_base_url
+        reader = make_client(url or script_args.reader_model, model=script_args.reader_model if url else None)
     return RewardContext(dataset=dataset, k=script_args.retrieval_k, proximity_tau_units=script_args.proximity_tau, reader=reader,
                          store=store)
 
