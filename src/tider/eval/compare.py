@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from tider.eval.retrieval import DEFAULT_EXCLUDE, RetrievalEvalConfig, run_retrieval_eval
+from tider.eval.stats import mcnemar_markdown
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset
 
@@ -151,12 +152,9 @@ def markdown(comparison: dict) -> str:
                   "| metric | none | locator | oracle | captured |", "|---|---|---|---|---|"]
         lines += [f"| {k} | {_f(v['none'])} | {_f(v['locator'])} | {_f(v['oracle'])} | {_f(v['captured'])} |"
                   for k, v in gap.items()]
-    tests = comparison["mcnemar"]["locator_vs"]
-    if tests:
-        lines += ["", f"## Exact McNemar, locator vs each learning-free baseline ({comparison['mcnemar']['metric']})", "",
-                  "b = locator hits and the baseline misses, c = the reverse.", "",
-                  "| baseline | b | c | p |", "|---|---|---|---|"]
-        lines += [f"| {x} | {v['b']} | {v['c']} | {v['p']:.3g} |" for x, v in tests.items()]
+    lines += mcnemar_markdown(
+        f"Exact McNemar, locator vs each learning-free baseline ({comparison['mcnemar']['metric']})", "baseline",
+        comparison["mcnemar"]["locator_vs"], "b = locator hits and the baseline misses, c = the reverse.")
     for title, key in (("By category", "by_category"), ("By gold-window bucket", "by_bucket")):
         groups = list(dict.fromkeys(g for per in comparison[key].values() for g in per))
         metric = f"recall@{comparison['k_main']}"

@@ -34,7 +34,7 @@ class RetrievalEvalConfig:
     limit: int | None = None  # first N eligible queries (smoke runs)
     mcnemar_k: int = 20
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    # Options of model-backed sources, e.g. {"locator": {"url": ...}} (tider.commands.window_options).
+    # Options of model-backed sources, e.g. {"locator": {"url": ...}} (tider.commands.eval_options).
     source_options: dict = field(default_factory=dict)
 
 

@@ -19,7 +19,7 @@ flushed one by one, so a SIGKILL loses at most the record being written, and the
 
 ``<out>/manifest.json`` holds the run's config, package versions and data hash; a
 restart with a different manifest refuses to mix results (pass ``overwrite=True`` to
-start over). Engineer C's QA stages and E's compare reuse this runner.
+start over). ``tider eval retrieval``, ``eval qa`` and ``eval compare`` all run on it.
 """
 
 from __future__ import annotations

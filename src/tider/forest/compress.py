@@ -24,8 +24,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from tider.forest.lexical import IDF, units
+from tider.forest.lexical import IDF, STOPWORDS, units
 from tider.forest.structure import STATE_CHANGE_CUES, Forest
+from tider.text import words
 
 TokenCounter = Callable[[str], int]
 
@@ -64,10 +65,11 @@ def split_spans(text: str, max_words: int = 25) -> list[str]:
 
 
 def query_entities(question: str) -> set[str]:
-    """Capitalised words after the first (names, places) and numbers of the question."""
-    words = re.findall(r"[A-Za-z0-9][\w'-]*", question)
-    caps = {w.lower() for w in words[1:] if w[0].isupper()}
-    return (caps | {w for w in words if w.isdigit()}) - {"i"}
+    """Capitalised words after the first (names, places) and numbers of the question, as
+    lexical units (so they match ``units`` of a span)."""
+    found = words(question, lower=False)
+    caps = {w.lower() for w in found[1:] if w[0].isupper()}
+    return (caps | {w for w in found if w.isdigit()}) - STOPWORDS
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""Command-line options that configure the model-backed window sources, shared by
-``tider eval retrieval``, ``tider eval qa`` and ``tider eval compare``:
+"""Command-line options shared by ``tider eval retrieval``, ``tider eval qa`` and ``tider
+eval compare``: comma-separated lists (``split_csv``) and the options that configure the
+model-backed window sources:
 
     --locator-url URL      the trained locator behind an OpenAI-compatible server (tider serve)
     --locator-model PATH   ... or a local checkpoint / export (transformers generation);
@@ -16,6 +17,11 @@ They become ``source_options`` (``{"locator": {"url": ...}}``), which the runner
 """
 
 from __future__ import annotations
+
+
+def split_csv(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
+    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def add_window_source_options(parser) -> None:
