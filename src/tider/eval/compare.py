@@ -169,14 +169,14 @@ def markdown(comparison: dict) -> str:
 
 def plot(comparison: dict, path: str | Path) -> Path:
     """Grouped bars per method: recall@k for each k, window IoU and switch accuracy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A bare Figure renders to a file without pyplot, so the caller's backend (a notebook's)
+    # is left as it is.
+    from matplotlib.figure import Figure
 
     methods = comparison["methods"]
     metrics = [f"recall@{k}" for k in comparison["ks"]] + ["window_iou", "switch_acc"]
-    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(methods)), 4))
+    fig = Figure(figsize=(max(7, 1.3 * len(methods)), 4))
+    ax = fig.subplots()
     width = 0.8 / len(metrics)
     for i, metric in enumerate(metrics):
         ax.bar([j + i * width for j in range(len(methods))],
@@ -189,7 +189,6 @@ def plot(comparison: dict, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 

@@ -61,14 +61,14 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, out_dir: str | Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A bare Figure renders to a file without pyplot, so the caller's backend (a notebook's)
+    # is left as it is.
+    from matplotlib.figure import Figure
 
     out_dir = Path(out_dir)
     ks = report["ks"]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for m, row in report["methods"].items():
         ax.plot(ks, [row[f"recall@{k}"] for k in ks], marker="o", label=m)
     ax.set_xlabel("k"), ax.set_ylabel("evidence recall@k"), ax.set_xscale("log"), ax.set_xticks(ks, [str(k) for k in ks])
@@ -76,10 +76,10 @@ def plot(report: dict, out_dir: str | Path) -> list[Path]:
     fig.tight_layout()
     curves = out_dir / "recall_at_k.png"
     fig.savefig(curves, dpi=120)
-    plt.close(fig)
 
     methods = list(report["by_bucket"])
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     width = 0.8 / max(len(methods), 1)
     for i, m in enumerate(methods):
         per = report["by_bucket"][m]
@@ -90,7 +90,6 @@ def plot(report: dict, out_dir: str | Path) -> list[Path]:
     fig.tight_layout()
     bars = out_dir / "recall_by_bucket.png"
     fig.savefig(bars, dpi=120)
-    plt.close(fig)
     return [curves, bars]
 
 

@@ -13,9 +13,12 @@ the retained span tokens sum to at most B; a node's last remaining span is never
 omitted, so every node keeps its metadata, relation and >= 1 span. When the mandatory
 spans alone exceed B, the result says ``over_budget`` instead of breaking an invariant.
 
-The budget counts span tokens (the sum in the paper's budget condition), not the
-per-node metadata the linearizer adds. ``truncate_to_budget`` is the "w/o compression"
-ablation: plain truncation of the serialized context.
+``compress_forest`` bounds the span tokens (the sum in the paper's budget condition) by
+the budget it is given, not the per-node metadata the linearizer adds. The QA pipeline
+(``tider.eval.qa``) makes B cover the whole serialized forest: it passes B minus the
+metadata tokens and tightens that span budget until the linearized text fits B.
+``truncate_to_budget`` is the "w/o compression" ablation: plain truncation of the
+serialized context.
 """
 
 from __future__ import annotations
