@@ -32,8 +32,8 @@ from tider.eval.leakage import LeakageValidator
 from tider.eval.runner import Stage, StageRunner, file_hash, fingerprint_of
 from tider.forest.compress import IDF, compress_forest, truncate_to_budget, whitespace_tokens
 from tider.forest.linearize import forest_rows, render_flat, render_forest, rows_to_json
-from tider.forest.prompts import (READER_SYSTEM, judge_messages, parse_verdict, prompt_hash, reader_messages,
-                                 render_message)
+from tider.forest.prompts import (READER_SYSTEM, SELECTION_SYSTEM, STRUCTURING_SYSTEM, judge_messages, parse_verdict,
+                                 prompt_hash, reader_messages, render_message)
 from tider.forest.select import select_evidence
 from tider.forest.structure import Forest, LLMRelationClassifier, build_forest, make_classifier
 from tider.llm.jsonout import strip_think
@@ -152,13 +152,13 @@ class QARun:
         outcomes = getattr(source, "last_outcomes", None)
         if not outcomes or not outcomes[-1].messages:
             return
-        from tider.locator.prompt import entry_line, question_block
+        from tider.locator.prompt import entry_line, question_block, system_prompt
 
         g, public, sent = self.dataset.granularity, query.public(), outcomes[-1].messages
         entries = timeline.top_k(public.text, source.top_k) if timeline is not None else []
         self.validator.check_prompt(query, "locator", sent,
                                     allowed_parts=[question_block(public, g)] + [entry_line(e, g) for e in entries],
-                                    template_text=sent[0]["content"])
+                                    template_text=system_prompt(g))
 
     def select_stage(self, w: str) -> Stage:
         retrieved = self.records[f"retrieve-{w}"]
@@ -194,7 +194,7 @@ class QARun:
             allowed = [render_message(memory[i], g) for i in sel.candidates]
             allowed.append(f"Topic-time window: {sel.window['start']} .. {sel.window['end']}")
             self.validator.check_prompt(query, "select", sent, allowed_parts=allowed, context_ids=sel.candidates,
-                                        produced_ids=in_windows, template_text=sent[0]["content"])
+                                        produced_ids=in_windows, template_text=SELECTION_SYSTEM)
 
     def structure_stage(self, w: str) -> Stage:
         selected = self.records[f"select-{w}"]
@@ -210,7 +210,7 @@ class QARun:
                 allowed = [render_message(m, g) for m in msgs]
                 for sent in (j.prompt for j in judgements if j.prompt):
                     self.validator.check_prompt(query, "structure", sent, allowed_parts=allowed,
-                                                template_text=sent[0]["content"])
+                                                template_text=STRUCTURING_SYSTEM)
                 return {"forest": forest.to_json(), "classifier": self.classifier.name,
                         "errors": sum(j.error is not None for j in judgements), "pairs": len(judgements)}
 
