@@ -23,6 +23,7 @@ def window_days(query):
 
 
 def test_default_shape():
+    # Generation speed is measured by bench/bench_synth.py, not bounded here.
     data = default_dataset(seed=3)
     assert len(data.memories) == 16 and data.granularity == "day"
     for key, memory in data.memories.items():

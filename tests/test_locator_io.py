@@ -9,8 +9,9 @@ from datetime import datetime, timedelta
 import jsonschema
 import pytest
 
+from tider.locator.contract import OUTPUT_SCHEMA, PROMPT_VERSION
 from tider.locator.parse import ParseFailure, Refs, parse_prediction
-from tider.locator.prompt import OUTPUT_SCHEMA, PROMPT_VERSION, PromptSettings, locator_input
+from tider.locator.prompt import PromptSettings, locator_input
 from tider.types import Gold, Query, Window
 
 

@@ -26,8 +26,9 @@ needed. Pointing is far easier to learn than spelling dates (0.36 vs 0.02 exact 
 from-scratch tiny model in the same minutes, same note) and cannot write a window that
 spans the year by accident. ``tider.locator.parse`` resolves references with the table.
 
-A locator-v1 checkpoint (dates only, K similarity-ranked lines) is refused by the
-contract check with a message naming both versions: its prompt no longer exists here.
+``tider.locator.contract`` holds the version and the output schema; a locator-v1
+checkpoint (dates only, K similarity-ranked lines) is refused there with a message naming
+both versions: its prompt no longer exists here.
 """
 
 from __future__ import annotations
@@ -39,11 +40,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from tider.locator.contract import MAX_WINDOWS, OUTPUT_SCHEMA, PROMPT_VERSION, output_schema
 from tider.locator.lines import LineConfig, Selection, entry_scores, select_lines
 from tider.types import Granularity, Query, Window, format_time
 
-# Bump when the prompt text or output contract changes: caches, exports and manifests key on it.
-PROMPT_VERSION = "locator-v2"
 DEFAULT_MAX_PROMPT_TOKENS = 2048
 MAX_WINDOWS = 8
 LINE_WORDS = 12  # a line shows its best message clipped to this many words
@@ -57,32 +57,6 @@ Answer with one JSON object and nothing else, pointing at the evidence:
 has no time constraint: {"temporal": false, "windows": []}"""
 
 TIME_FORMATS = {"day": "YYYY-MM-DD", "minute": "YYYY-MM-DDTHH:MM"}
-
-
-def _ref(name: str, maximum: Optional[int]) -> dict:
-    bound = {"type": "integer", "minimum": 1, **({"maximum": maximum} if maximum else {})}
-    return {"type": "object", "properties": {name: bound}, "required": [name], "additionalProperties": False}
-
-
-_SPAN = {"type": "object", "properties": {"start": {"type": "string"}, "end": {"type": "string"}},
-         "required": ["start", "end"], "additionalProperties": False}
-
-
-def output_schema(n_lines: Optional[int] = None, n_cues: Optional[int] = None) -> dict[str, Any]:
-    """The answer's JSON schema. With ``n_lines``/``n_cues`` (one prompt's table) the
-    references are bounded, so a grammar-constrained server cannot point past the table.
-    Kept to anyOf/integer bounds, which vLLM's xgrammar and OpenAI's strict mode accept."""
-    options = [_ref("entry", n_lines)] + ([] if n_cues == 0 else [_ref("cue", n_cues)]) + [_SPAN]
-    return {
-        "type": "object",
-        "properties": {"temporal": {"type": "boolean"},
-                       "windows": {"type": "array", "maxItems": MAX_WINDOWS, "items": {"anyOf": options}}},
-        "required": ["temporal", "windows"],
-        "additionalProperties": False,
-    }
-
-
-OUTPUT_SCHEMA: dict[str, Any] = output_schema()
 
 
 @dataclass(frozen=True)
@@ -117,6 +91,9 @@ class LocatorInput:
     messages: list[dict]
     lines: tuple[Window, ...]
     cues: tuple[Window, ...]
+    # The rendered public pieces (question block, cue lines, timeline lines): what the leak
+    # validator accepts in the prompt besides the fixed template.
+    parts: tuple[str, ...] = ()
 
     def schema(self) -> dict:
         return output_schema(len(self.lines), len(self.cues))
@@ -203,7 +180,8 @@ def locator_input(query_public: Query, memory, timeline, cues: Sequence, granula
                 for k, i in enumerate(shown, start=1)]
         messages = head + [{"role": "user", "content": _render(query_public, cue_text, text, granularity)}]
         lines = tuple(timeline.entries[i].window for i in shown) if settings.pointers else ()
-        return LocatorInput(messages, lines, tuple(c.window for c in cues) if settings.pointers else ())
+        parts = (question_block(query_public, granularity), *cue_text, *text)
+        return LocatorInput(messages, lines, tuple(c.window for c in cues) if settings.pointers else (), parts)
 
     n = len(priority)
     if tokenizer is not None:
