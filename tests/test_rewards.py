@@ -163,3 +163,29 @@ def test_answer_correct_memoizes_reader_calls(small_world, tiny_qwen3_dir):
     assert reader.usage_by_stage()["reward_reader"]["calls"] == 1  # same (query, retrieved ids): one call
     with pytest.raises(ValueError, match="answer_span"):
         _call(["answer_correct"], [text], [gold], [True], ctx=RewardContext(dataset=ds, store=store), **{k: v[:1] for k, v in args.items()})
+
+
+def test_the_wide_window_shortcut_earns_less_than_a_precise_window(small_world):
+    """locator-v1's GRPO found that one window spanning most of the year always holds the
+    evidence (coverage paid in full, IoU ~0.1). Under the tiny recipe's rewards and weights
+    that window must earn less, in expectation, than the gold windows; under v1's rewards it
+    did not lose enough to matter (evidence_coverage paid it in full)."""
+    import yaml
+    from pathlib import Path
+
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/grpo/tiny-cpu.yaml").read_text())
+    names, weights = recipe["reward_funcs"], recipe["reward_weights"]
+    ds, store = small_world
+    queries = [q for q in ds.queries if q.gold.temporal and q.gold.evidence_ids]
+    span = next(iter(ds.memories.values())).span
+    wide = json.dumps({"temporal": True, "windows": [{"start": span.start.date().isoformat(), "end": span.end.date().isoformat()}]})
+    precise, golds = zip(*(_gold_json(q) for q in queries))
+    n = len(queries)
+    columns = dict(query_key=[q.key for q in queries] * 2, memory_key=[q.memory_key for q in queries] * 2,
+                   evidence_ids=[list(q.gold.evidence_ids) for q in queries] * 2, answer=[q.gold.answer for q in queries] * 2)
+    ctx = RewardContext(dataset=ds, store=store, k=20)
+    out, _, _ = _call(names, list(precise) + [wide] * n, [list(g) for g in golds] * 2, [True] * 2 * n, ctx=ctx, **columns)
+    total = [sum(w * out[name][i] for name, w in zip(names, weights)) for i in range(2 * n)]
+    assert sum(total[:n]) / n > sum(total[n:]) / n + 1.0
+    gain = out["evidence_gain"]
+    assert abs(sum(gain[n:]) / n) < 0.1 < sum(gain[:n]) / n  # the year-wide window adds ~nothing over semantic search

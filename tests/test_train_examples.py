@@ -59,7 +59,7 @@ def test_locomo_dev_conversations_split_the_same_way():
 
 def test_records_carry_gold_only_in_completion_and_columns(small):
     from tider.locator.parse import parse_prediction
-    from tider.eval.scoring import window_iou
+    from tider.scoring import window_iou
 
     ds, store = small
     builder = PromptBuilder(ds, store)

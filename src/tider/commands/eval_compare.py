@@ -17,7 +17,7 @@ def register(eval_subparsers) -> None:
     p.add_argument("--dataset", required=True, help="dataset loader name (locomo, longmemeval, jsonl, synthetic)")
     p.add_argument("--path", default=None, help="dataset file or directory")
     p.add_argument("--out", required=True, help="run directory (retrieval/, qa/, compare.json/md/png); resumable")
-    p.add_argument("--baselines", default="none,dbscan-paper,dbscan-tuned,timeline",
+    p.add_argument("--baselines", default="none,rules,dbscan-paper,dbscan-tuned,timeline",
                    help="learning-free window sources; NAME@MODE overrides the semantic channel")
     p.add_argument("--no-oracle", action="store_true", help="leave out the gold-window upper bound")
     p.add_argument("--k", default="5,10,20,50", help="comma-separated cut-offs (20 is used for McNemar)")

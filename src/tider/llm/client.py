@@ -184,26 +184,32 @@ class LLMClient:
         *,
         stage: str,
         progress: bool = False,
+        json_schemas: Optional[Sequence[dict]] = None,
         **kwargs,
     ) -> list[LLMResult]:
         """``chat`` over many prompts, results in input order.
 
         Backends with ``generate_batch`` (local HF) get the cache misses in one batched
         call first; failures then go through the usual per-item retries. Remote backends
-        are called from a thread pool of ``concurrency`` workers.
+        are called from a thread pool of ``concurrency`` workers; there ``json_schemas``
+        (one per prompt) replaces ``json_schema``, so each request's grammar can be tighter
+        (the locator's references bounded by that prompt's table).
         """
         batch = list(batch)
         if hasattr(self.backend, "generate_batch") and len(batch) > 1:
             return self._chat_batch_local(batch, stage=stage, **kwargs)
         bar = tqdm(total=len(batch), desc=stage, disable=not progress)
+        schemas = list(json_schemas) if json_schemas is not None else [kwargs.pop("json_schema", None)] * len(batch)
+        kwargs.pop("json_schema", None)
 
-        def one(messages):
-            result = self.chat(messages, stage=stage, **kwargs)
+        def one(item):
+            messages, schema = item
+            result = self.chat(messages, stage=stage, json_schema=schema, **kwargs)
             bar.update(1)
             return result
 
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
-            results = list(pool.map(one, batch))
+            results = list(pool.map(one, zip(batch, schemas)))
         bar.close()
         return results
 

@@ -85,8 +85,10 @@ def predict_batch(
     """Send each ``LocatorInput`` to ``client`` and parse the answer against its table."""
     from tider.locator.parse import parse_prediction
 
+    # A served model gets each prompt's own schema: references bounded by its table.
     results = client.chat_batch([i.messages for i in inputs], stage="locator", json_schema=OUTPUT_SCHEMA,
-                                max_tokens=max_tokens, temperature=0.0, progress=progress)
+                                json_schemas=[i.schema() for i in inputs], max_tokens=max_tokens, temperature=0.0,
+                                progress=progress)
     spans = list(memory_spans) if memory_spans is not None else [None] * len(inputs)
     outcomes = []
     for result, table, span in zip(results, inputs, spans):

@@ -29,6 +29,9 @@ class LocatorScriptArguments:
     split_seed: int = field(default=0, metadata={"help": "Seed of the by-conversation train/validation/test split."})
     prompt_lines: int = field(default=12, metadata={"help": "Timeline lines in the locator prompt (tider.locator.lines)."})
     prompt_system_message: bool = field(default=True, metadata={"help": "Send the locator instructions as a system message."})
+    prompt_select: str = field(default="structured", metadata={"help": "Line selection: structured (v2) or similarity (v1)."})
+    prompt_show_cues: bool = field(default=True, metadata={"help": "Resolved time cues in the prompt (v2)."})
+    prompt_pointers: bool = field(default=True, metadata={"help": "Tagged lines, answers by reference (v2); false: spelled dates."})
     max_prompt_tokens: int = field(default=2048, metadata={"help": "Prompt token budget; the least-needed timeline lines are dropped to fit."})
     max_train_samples: Optional[int] = field(default=None, metadata={"help": "Cap on training prompts (after DAR for GRPO)."})
     max_eval_samples: Optional[int] = field(default=None, metadata={"help": "Cap on validation prompts."})
@@ -52,7 +55,8 @@ class LocatorScriptArguments:
         from tider.locator.prompt import PromptSettings
 
         return PromptSettings(lines=LineConfig(max_lines=self.prompt_lines), max_prompt_tokens=self.max_prompt_tokens,
-                              system_prompt=self.prompt_system_message)
+                              system_prompt=self.prompt_system_message, select=self.prompt_select,
+                              show_cues=self.prompt_show_cues, pointers=self.prompt_pointers)
 
 
 @dataclass

@@ -70,7 +70,7 @@ def split_queries(dataset: Dataset, seed: int = 0, fractions=(0.8, 0.1, 0.1)) ->
 
 
 def _iou(a, b, granularity) -> float:
-    from tider.eval.scoring import window_iou
+    from tider.scoring import window_iou
 
     return window_iou([a], [b], granularity)
 
