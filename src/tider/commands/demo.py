@@ -40,7 +40,7 @@ def register(subparsers) -> None:
     p.add_argument("--grpo-steps", type=int, default=None, help="override the GRPO recipe's max_steps")
     p.add_argument("--export-dtype", default=None, help="default: float32 on CPU (exact vLLM parity), bfloat16 on GPU")
     p.add_argument("--baselines", default="none,rules,dbscan-tuned,timeline", help="learning-free window sources to compare")
-    p.add_argument("--split", default="test", choices=["train", "validation", "test", "all"],
+    p.add_argument("--split", default="test", choices=["train", "validation", "test", "heldout", "all"],
                    help="conversations to evaluate on (the locator trains on 'train')")
     p.add_argument("--limit", type=int, default=None, help="first N eligible queries in the comparison")
     p.add_argument("--no-serve", action="store_true",
@@ -176,10 +176,10 @@ def _serve_and_compare(args, dataset, data_path, export_dir: Path, out: Path, dt
     from tider.eval.compare import CompareConfig, run_compare
     from tider.locator.contract import LocatorMetadata
     from tider.retrieval.config import RetrievalConfig
-    from tider.train.examples import split_keys
+    from tider.train.examples import memory_keys_of
 
     meta = LocatorMetadata.read(export_dir)
-    memory_keys = None if args.split == "all" else split_keys(dataset.memories, seed=meta.split_seed or 0)[args.split]
+    memory_keys = memory_keys_of(dataset.memories, args.split, seed=meta.split_seed or 0)
     t0 = _banner("6/7", "serve the export with vLLM" if not args.no_serve else "locator via local transformers")
     if args.no_serve:
         server, options = nullcontext(), {"locator": {"model": str(export_dir)}}

@@ -24,8 +24,8 @@ def register(eval_subparsers) -> None:
     p.add_argument("--semantic", default=None, choices=["dense", "bm25", "hybrid"],
                    help="semantic channel for every method (default: the retrieval config's, hybrid)")
     p.add_argument("--config", default=None, help="YAML/JSON file with RetrievalConfig fields")
-    p.add_argument("--split", default="test", choices=["train", "validation", "test", "all"],
-                   help="conversation-level split to evaluate (the locator trains on 'train'); all = every memory")
+    p.add_argument("--split", default="test", choices=["train", "validation", "test", "heldout", "all"],
+                   help="conversation-level split to evaluate (the locator trains on 'train'); heldout = validation + test; all = every memory")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the split (the training recipe's split_seed)")
     p.add_argument("--exclude-categories", default="5,adversarial", help="query categories to skip ('' keeps all)")
     p.add_argument("--limit", type=int, default=None, help="first N eligible queries (smoke runs)")
@@ -67,12 +67,12 @@ def run(args: argparse.Namespace) -> int:
     from tider.commands.eval_retrieval import load_retrieval_config
     from tider.data import load_dataset
     from tider.eval.compare import CompareConfig, markdown, run_compare
-    from tider.train.examples import split_keys
+    from tider.train.examples import memory_keys_of
 
     options = window_source_options(args)
     require_options_for(["locator"], options)
     dataset = load_dataset(args.dataset, args.path)
-    memory_keys = None if args.split == "all" else split_keys(dataset.memories, seed=args.split_seed)[args.split]
+    memory_keys = memory_keys_of(dataset.memories, args.split, seed=args.split_seed)
     config = CompareConfig(
         baselines=split_csv(args.baselines), source_options=options, oracle=not args.no_oracle,
         ks=[int(k) for k in split_csv(args.k)], exclude_categories=split_csv(args.exclude_categories),

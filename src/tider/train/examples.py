@@ -50,6 +50,20 @@ def split_keys(
     }
 
 
+SPLIT_CHOICES = ("train", "validation", "test", "heldout", "all")
+
+
+def memory_keys_of(memory_keys: Iterable[str], split: str, seed: int = 0) -> Optional[list[str]]:
+    """The memories of a named split; ``heldout`` = validation + test (every conversation
+    training never saw), ``all`` = None (no restriction)."""
+    if split == "all":
+        return None
+    if split not in SPLIT_CHOICES:
+        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLIT_CHOICES)}")
+    splits = split_keys(memory_keys, seed=seed)
+    return sorted(splits["validation"] + splits["test"]) if split == "heldout" else splits[split]
+
+
 TRAIN_ONLY = "train_only_memories"  # Dataset.stats key: memories added for training only
 
 
