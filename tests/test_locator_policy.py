@@ -20,7 +20,7 @@ def test_locator_source_needs_a_model_or_url(tmp_path):
 
 def test_local_locator_predicts_or_falls_back_to_semantic(tiny_qwen3_dir, tmp_path):
     from tider.data.synth import generate
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     (tmp_path / "ckpt").symlink_to(tiny_qwen3_dir, target_is_directory=True)
     (tmp_path / "tider_locator.json").write_text(json.dumps({"timeline_top_k": 3, "max_prompt_tokens": 2000,
@@ -28,7 +28,7 @@ def test_local_locator_predicts_or_falls_back_to_semantic(tiny_qwen3_dir, tmp_pa
     source = make_source("locator", model=str(tmp_path / "ckpt"), max_tokens=24)
     assert source.top_k == 3 and source.max_prompt_tokens == 2000 and source.granularity == "day"
     ds = generate(200, seed=1, n_conversations=1)
-    store = RetrievalStore(ds)
+    store = MemoryCollection(ds.memories)
     queries = ds.queries[:5]
     preds = source.predict_batch([q.public() for q in queries], [ds.memories[q.memory_key] for q in queries],
                                  [store.timeline(q.memory_key) for q in queries])

@@ -15,7 +15,7 @@ from tider.retrieval.bm25 import BM25Index, expand_message
 from tider.retrieval.config import RetrievalConfig, TimelineConfig
 from tider.retrieval.dense import DenseIndex, range_union_search
 from tider.retrieval.rerank import decay, rerank_scores
-from tider.retrieval.retriever import DualChannelRetriever
+from tider.retrieval.retriever import dual_channel_rank
 from tider.retrieval.timeline import cluster_messages
 from tider.types import Gold, Memory, Message, Query, Window, WindowPrediction
 
@@ -134,18 +134,18 @@ def test_dual_channel_promotes_in_window_evidence_and_non_temporal_is_semantic()
     vecs[41] = unit([1, 0, 0, 0])  # day 20: the best semantic match
     query = unit([1, 0, 0, 0])
     cfg = RetrievalConfig(k=5, semantic="dense")
-    retr = DualChannelRetriever(mem, BM25Index.from_messages(mem.messages), DenseIndex(vecs), cfg)
-    sim = channels.semantic_similarity(retr.dense.scores(query), None, "dense")
-    ids, scores = retr.rank(sim, WindowPrediction(False), 5)
+    ts_days = np.array([channels.to_days(t) for t in mem.timestamps])
+    sim = channels.semantic_similarity(DenseIndex(vecs).scores(query), None, "dense")
+    ids, scores = dual_channel_rank(sim, ts_days, WindowPrediction(False), cfg, 5)
     assert ids.tolist() == channels.top_k(sim, 5).tolist()
     day20 = T0 + timedelta(days=20)
-    ids_w, scores_w = retr.rank(sim, WindowPrediction(True, (Window(day20, day20),)), 5)
+    ids_w, scores_w = dual_channel_rank(sim, ts_days, WindowPrediction(True, (Window(day20, day20),)), cfg, 5)
     assert 40 not in ids.tolist() and 40 in ids_w.tolist()  # the window recovers the weak evidence
     assert ids_w[0] == 41 and scores_w[0] == pytest.approx(sim[41] + 0.3)
     assert np.all(np.diff(scores_w) <= 0)
     # temporal=False in the config forces the semantic path even with windows
-    off = DualChannelRetriever(mem, retr.bm25, retr.dense, RetrievalConfig(k=5, semantic="dense", temporal=False))
-    assert off.rank(sim, WindowPrediction(True, (Window(day20, day20),)), 5)[0].tolist() == ids.tolist()
+    off = RetrievalConfig(k=5, semantic="dense", temporal=False)
+    assert dual_channel_rank(sim, ts_days, WindowPrediction(True, (Window(day20, day20),)), off, 5)[0].tolist() == ids.tolist()
 
 
 def test_hybrid_similarity_is_rrf():

@@ -1,4 +1,4 @@
-"""RetrievalStore, Embedder cache and window sources with the real MiniLM model."""
+"""MemoryCollection (the harness's memories), Embedder cache and window sources with the real MiniLM model."""
 
 from __future__ import annotations
 
@@ -35,10 +35,13 @@ def toy(embedder):
     q = Query("toy:q0", "toy", "What did Max chew?", T0 + timedelta(days=300), user="Bo",
               gold=Gold(evidence_ids=(4, 8), windows=(Window(T0 + timedelta(days=80), T0 + timedelta(days=80)),),
                         temporal=True))
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
-    ds = Dataset("toy", "day", {"toy": mem}, [q])
-    return RetrievalStore(ds, RetrievalConfig(k=3), embedder=embedder), q
+    return MemoryCollection({"toy": mem}, RetrievalConfig(k=3), embedder=embedder), q
+
+
+def _coverage(store, q, pred, k):
+    return evidence_coverage(store.retrieve(q.public(), pred, k)[0].tolist(), q.gold.evidence_ids, k)
 
 
 def test_embedder_is_normalised_and_cached_on_disk(embedder):
@@ -55,11 +58,8 @@ def test_store_retrieve_coverage_and_sources(toy):
     none = make_source("none").predict(q.public(), store.memory("toy"), store.timeline("toy"))
     ids, scores = store.retrieve(q, none, 3)
     assert len(ids) == 3 and np.all(np.diff(scores) <= 0)
-    for pred in (none, WindowPrediction(True, q.gold.windows)):
-        got = store.coverage(q, pred, 3)
-        assert got == evidence_coverage(store.retrieve(q, pred, 3)[0].tolist(), q.gold.evidence_ids, 3)
     oracle = make_source("oracle", gold_by_key=gold_predictions([q]))
-    assert store.coverage(q, oracle.predict(q.public(), store.memory("toy"), None), 3) >= store.coverage(q, none, 3)
+    assert _coverage(store, q, oracle.predict(q.public(), store.memory("toy"), None), 3) >= _coverage(store, q, none, 3)
     entries = store.timeline("toy").top_k(q.text, 2)
     assert len(entries) == 2 and entries[0].summary
     tl = make_source("timeline", top_m=2).predict(q.public(), store.memory("toy"), store.timeline("toy"))
@@ -76,13 +76,12 @@ def test_store_retrieve_coverage_and_sources(toy):
 def test_oracle_beats_none_on_a_locomo_slice():
     from tider.data import load_dataset
     from tider.eval.retrieval import eligible_queries, quick_eval
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     full = load_dataset("locomo", str(LOCOMO))
     key = sorted(full.memories)[0]
     queries = eligible_queries(full, memory_keys=[key], limit=80)
-    ds = Dataset(full.name, full.granularity, {key: full.memories[key]}, queries)
-    store = RetrievalStore(ds)
+    store = MemoryCollection({key: full.memories[key]})
     oracle = quick_eval(store, make_source("oracle", gold_by_key=gold_predictions(queries)), queries)
     none = quick_eval(store, make_source("none"), queries)
     paper = quick_eval(store, make_source("dbscan-paper", store=store), queries)
@@ -92,12 +91,12 @@ def test_oracle_beats_none_on_a_locomo_slice():
 
 
 def test_empty_memory_is_a_clear_error(embedder):
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
     from tider.types import NON_TEMPORAL
 
     q = Query("q", "empty", "anything?", T0)
-    store = RetrievalStore(Dataset("x", "day", {"empty": Memory("empty", [])}, [q]), embedder=embedder)
-    with pytest.raises(ValueError, match="memory 'empty' of dataset 'x' has no messages"):
+    store = MemoryCollection({"empty": Memory("empty", [])}, embedder=embedder)
+    with pytest.raises(ValueError, match="memory 'empty' has no messages"):
         store.retrieve(q, NON_TEMPORAL, 5)
-    with pytest.raises(KeyError, match="not in dataset"):
+    with pytest.raises(KeyError, match="not in this collection"):
         store.indexes("missing")

@@ -71,13 +71,13 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
     # The checkpoint reloads as the locator window source.
     from tider.data.synth import generate
     from tider.locator.sources import make_source
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
     from tider.types import WindowPrediction
 
     meta = json.loads((grpo / "tider_locator.json").read_text())
     assert meta["granularity"] == "day" and meta["timeline_top_k"] == 4
     ds = generate(600, seed=0, n_conversations=3)
-    store = RetrievalStore(ds)
+    store = MemoryCollection(ds.memories)
     source = make_source("locator", model=str(grpo))
     queries = ds.queries[:4]
     preds = source.predict_batch([q.public() for q in queries], [ds.memories[q.memory_key] for q in queries],
