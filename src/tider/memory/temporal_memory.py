@@ -33,6 +33,7 @@ grows by appending rows (``tider.memory.dense``) and the timeline by continuing 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -75,6 +76,40 @@ class _Semantic:
     candidates: indexed.Candidates | None = None
 
 
+class ReadWriteLock:
+    """Many readers or one writer (writers wait for readers to leave, new readers for writers)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+
+    @contextlib.contextmanager
+    def reading(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def writing(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing)
+            self._writing = True
+            self._cond.wait_for(lambda: self._readers == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
 class TemporalMemory:
     """One memory: persistent when ``path`` is given, in-process otherwise (``path=None``).
 
@@ -93,7 +128,8 @@ class TemporalMemory:
         self.source_options = {**dict(source_options or {}), **({"locator": dict(locator)} if locator else {})}
         self._sources: dict[str, Any] = {}
         self._semantic: OrderedDict = OrderedDict()
-        self._lock = threading.RLock()  # adds are serialized; searches share the state they read
+        self._cache_lock = threading.Lock()
+        self._lock = ReadWriteLock()  # adds are serialized and exclusive; searches run together
 
     # -- the memory ---------------------------------------------------------------------
     @property
@@ -123,9 +159,10 @@ class TemporalMemory:
         records = to_messages(messages)
         if vectors is not None:
             vectors = self._check_vectors(vectors, len(records))
-        with self._lock:
+        with self._lock.writing():
             keys = self.state.add(records, vectors)
-            self._semantic.clear()
+            with self._cache_lock:
+                self._semantic.clear()
         return keys
 
     def _check_vectors(self, vectors, n: int) -> np.ndarray:
@@ -142,7 +179,7 @@ class TemporalMemory:
         return arr / norms  # cosine similarity: unit rows
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock.writing():
             self.state.close()
 
     def __enter__(self) -> "TemporalMemory":
@@ -182,7 +219,7 @@ class TemporalMemory:
             context = {"store": self, "source_options": self.source_options}
             try:
                 self._sources[name] = make_source_from_context(name, context)
-            except TypeError as err:
+            except (TypeError, ValueError) as err:  # unknown name, missing options (locator URL, oracle gold)
                 raise MemoryInputError("windows", f"source {name!r} cannot be built here: {err}") from None
         return self._sources[name]
 
@@ -195,9 +232,10 @@ class TemporalMemory:
         if k < 1:
             raise MemoryInputError("k", f"must be at least 1, got {k}")
         query = self.query(text, asked_at, user)
-        prediction = self.predict(query, windows)
-        positions, scores, used_exact = self.rank(query, prediction, k, query_vector, exact, semantic)
-        msgs = [self.memory[int(i)] for i in positions]
+        with self._lock.reading():
+            prediction = self.predict(query, windows)
+            positions, scores, used_exact = self.rank(query, prediction, k, query_vector, exact, semantic)
+            msgs = [self.memory[int(i)] for i in positions]
         return SearchHits([m.key for m in msgs], [float(s) for s in scores], msgs, [int(i) for i in positions],
                           prediction, used_exact)
 
@@ -226,9 +264,10 @@ class TemporalMemory:
     def semantic_part(self, query: Query, query_vector, exact: bool, mode: str, cut: int) -> _Semantic:
         vec_key = None if query_vector is None else np.asarray(query_vector, dtype=np.float32).tobytes()
         key = (query.text, vec_key, cut, mode, exact, self.state.generation)
-        if key in self._semantic:
-            self._semantic.move_to_end(key)
-            return self._semantic[key]
+        with self._cache_lock:
+            if key in self._semantic:
+                self._semantic.move_to_end(key)
+                return self._semantic[key]
         state = self.state
         vector = None
         if mode in ("dense", "hybrid"):
@@ -244,9 +283,10 @@ class TemporalMemory:
             pos, scores = state.dense_search(vector, cut) if vector is not None else (None, None)
             part = _Semantic(False, candidates=indexed.fuse(pos, scores, None if bm25 is None else bm25[:cut], mode,
                                                             self.config, cut))
-        self._semantic[key] = part
-        if len(self._semantic) > max(16, 20_000_000 // max(len(self), 1)):  # bounded by elements, not entries
-            self._semantic.popitem(last=False)
+        with self._cache_lock:
+            self._semantic[key] = part
+            if len(self._semantic) > max(16, 20_000_000 // max(len(self), 1)):  # bounded by elements, not entries
+                self._semantic.popitem(last=False)
         return part
 
     def prepare(self, texts: Sequence[str]) -> None:
