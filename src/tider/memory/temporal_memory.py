@@ -116,18 +116,21 @@ class TemporalMemory:
     ``locator``: how ``windows="locator"`` reaches the trained model, e.g.
     ``{"url": "http://127.0.0.1:8000/v1"}`` or ``{"model": "exports/tiny-locator"}``; its
     prompt settings come from the export's metadata. ``source_options`` configures other
-    named sources the same way (``{"prompted": {...}}``).
+    named sources the same way (``{"prompted": {...}}``). ``cache_elements`` bounds the
+    per-query cache of window-independent scores (the harness asks one query at several
+    k and the rewards with many windows); 0 turns it off.
     """
 
     def __init__(self, path: str | Path | None = None, *, config: RetrievalConfig | None = None, embedder=None,
                  name: str | None = None, granularity: str = "day", locator: Mapping | None = None,
-                 source_options: Mapping | None = None):
+                 source_options: Mapping | None = None, cache_elements: int = 20_000_000):
         self.state = MemoryState(path, config=config, embedder=embedder, name=name, granularity=granularity)
         self.config = self.state.config
         self.name = self.state.name
         self.source_options = {**dict(source_options or {}), **({"locator": dict(locator)} if locator else {})}
         self._sources: dict[str, Any] = {}
         self._semantic: OrderedDict = OrderedDict()
+        self.cache_elements = cache_elements
         self._cache_lock = threading.Lock()
         self._lock = ReadWriteLock()  # adds are serialized and exclusive; searches run together
 
@@ -224,10 +227,13 @@ class TemporalMemory:
         return self._sources[name]
 
     def search(self, text: str, asked_at=None, user: Optional[str] = None, k: Optional[int] = None, windows="none",
-               query_vector: np.ndarray | None = None, exact: bool = False, semantic: Optional[str] = None) -> SearchHits:
+               query_vector: np.ndarray | None = None, exact: Optional[bool] = None,
+               semantic: Optional[str] = None) -> SearchHits:
         """The top-``k`` messages for ``text`` asked at ``asked_at`` (nothing after it with
         ``config.past_only``), ranked by the dual-channel retriever with the windows of
-        ``windows``. ``semantic`` overrides the channel mode (dense | bm25 | hybrid)."""
+        ``windows``. ``exact``: True scores every message, False takes the index-backed
+        path, None (default) chooses by size (``config.index_min_messages``). ``semantic``
+        overrides the channel mode (dense | bm25 | hybrid)."""
         k = self.config.k if k is None else int(k)
         if k < 1:
             raise MemoryInputError("k", f"must be at least 1, got {k}")
@@ -245,7 +251,7 @@ class TemporalMemory:
             return len(self)
         return bisect.bisect_right(self.memory.timestamps, asked_at)
 
-    def rank(self, query: Query, prediction: WindowPrediction, k: int, query_vector=None, exact: bool = False,
+    def rank(self, query: Query, prediction: WindowPrediction, k: int, query_vector=None, exact: Optional[bool] = None,
              semantic: Optional[str] = None) -> tuple[np.ndarray, np.ndarray, bool]:
         """``(positions, scores, exact)`` for an already-made prediction (the harness and
         the rewards call this with their own predictions)."""
@@ -253,8 +259,9 @@ class TemporalMemory:
         cut = self.cut(query.asked_at)
         if cut == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32), True
-        part = self.semantic_part(query, query_vector, exact or len(self) < self.config.index_min_messages,
-                                   semantic or self.config.semantic, cut)
+        if exact is None:
+            exact = len(self) < self.config.index_min_messages
+        part = self.semantic_part(query, query_vector, exact, semantic or self.config.semantic, cut)
         if part.exact:
             ids, scores = dual_channel_rank(part.sim, state.ts_days()[:cut], prediction, self.config, k, part.order)
         else:
@@ -285,7 +292,7 @@ class TemporalMemory:
                                                             self.config, cut))
         with self._cache_lock:
             self._semantic[key] = part
-            if len(self._semantic) > max(16, 20_000_000 // max(len(self), 1)):  # bounded by elements, not entries
+            while self._semantic and len(self._semantic) * max(len(self), 1) > self.cache_elements:
                 self._semantic.popitem(last=False)
         return part
 
