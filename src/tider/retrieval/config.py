@@ -81,7 +81,7 @@ class RetrievalConfig:
     # Index-backed search (tider.memory.index): memories with fewer messages are scored
     # exactly (every message), which keeps small-memory results identical to the exact path.
     index_min_messages: int = 20_000
-    index_depth: int = 100  # dense candidates from faiss per query (BM25 gives rrf_depth)
+    index_depth: int = 1000  # dense candidates from faiss per query (= rrf_depth: exact RRF over exact lists)
     hnsw_min_messages: int = 50_000  # faiss HNSW above, exact IndexFlatIP below
     hnsw_m: int = 32
     hnsw_ef_search: int = 128  # raised to index_depth when smaller
