@@ -102,14 +102,37 @@ class NoEmbedder:
         raise AssertionError("the bench gives every vector")
 
 
+def exact_scores(mem, text: str, asked_at, prediction, vector) -> np.ndarray:
+    """The exact path's final score of every message the query may see."""
+    from tider.retrieval import channels
+    from tider.retrieval.rerank import rerank_scores
+
+    query = mem.query(text, asked_at)
+    cut = mem.cut(query.asked_at)
+    sim = mem.semantic_part(query, vector, True, mem.config.semantic, cut).sim
+    if not (prediction.temporal and prediction.windows):
+        return sim
+    c = mem.config
+    return rerank_scores(sim, mem.state.ts_days()[:cut], channels.window_days(prediction.windows), c.lambda_boost,
+                         c.gamma_min, c.rho_per_day)
+
+
+def compare(a, b, scores: np.ndarray) -> tuple[bool, bool, bool]:
+    """Same top-k set; same order; same exact scores at every rank (ties count as equal:
+    the synthetic benchmark repeats texts, so exact ties are common there)."""
+    same_scores = np.allclose(np.sort(scores[a.positions]), np.sort(scores[b.positions]), rtol=1e-6, atol=1e-7)
+    return set(a.ids) == set(b.ids), a.ids == b.ids, bool(same_scores) and len(a.ids) == len(b.ids)
+
+
 def agreement(mem, queries, windows: str, k: int) -> dict:
-    same_set = same_order = 0
+    rows = []
     for q in queries:
-        a = mem.search(q["text"], windows=q[windows], query_vector=q["vector"], k=k, exact=False).ids
-        b = mem.search(q["text"], windows=q[windows], query_vector=q["vector"], k=k, exact=True).ids
-        same_set += set(a) == set(b)
-        same_order += a == b
-    return {"same_top_k_set": round(same_set / len(queries), 3), "same_top_k_order": round(same_order / len(queries), 3)}
+        a = mem.search(q["text"], windows=q[windows], query_vector=q["vector"], k=k, exact=False)
+        b = mem.search(q["text"], windows=q[windows], query_vector=q["vector"], k=k, exact=True)
+        rows.append(compare(a, b, exact_scores(mem, q["text"], None, q[windows], q["vector"])))
+    rows = np.array(rows, dtype=np.float64)
+    return {"same_top_k_set": round(rows[:, 0].mean(), 3), "same_top_k_order": round(rows[:, 1].mean(), 3),
+            "same_top_k_scores": round(rows[:, 2].mean(), 3)}
 
 
 def search_latencies(mem, queries, k: int, modes, depths) -> dict:
@@ -145,11 +168,16 @@ def run_scale(n: int, args, rng: np.random.Generator) -> dict:
     msgs, vecs = corpus(n, args.dim, rng)
     queries = query_set(args.queries, args.dim, rng)
     path = Path(args.workdir) / f"store-{n}"
-    shutil.rmtree(path, ignore_errors=True)
+    reuse = args.reuse and (path / "tider_memory.json").exists()
+    if not reuse:
+        shutil.rmtree(path, ignore_errors=True)
     mem = TemporalMemory(path, embedder=NoEmbedder(), granularity="minute", cache_elements=0)  # every search cold
     batch = max(1, n // 20)
-    _, t_add = timed(lambda: [mem.add(msgs[i:i + batch], vectors=vecs[i:i + batch]) for i in range(0, n, batch)])
-    out["add_msgs_per_s"] = round(n / t_add, 1)
+    if reuse:  # search timings only: the build figures come from the run that built the store
+        out["reused_store"] = str(path)
+    else:
+        _, t_add = timed(lambda: [mem.add(msgs[i:i + batch], vectors=vecs[i:i + batch]) for i in range(0, n, batch)])
+        out["add_msgs_per_s"] = round(n / t_add, 1)
     _, out["build_bm25_s"] = timed(mem.state.bm25)
     _, out["build_faiss_s"] = timed(mem.state.faiss)
     out["faiss"] = "hnsw + flat tail" if mem.state.faiss().hnsw is not None else "flat (exact)"
@@ -169,8 +197,8 @@ def run_scale(n: int, args, rng: np.random.Generator) -> dict:
 
 
 def run_real(args) -> dict:
-    """Agreement and recall on real MiniLM vectors: every synthetic-benchmark conversation
-    as one memory (the benchmark's queries), HNSW forced, index-backed vs exact."""
+    """Agreement, recall and latency on real MiniLM vectors: every synthetic-benchmark
+    conversation as one memory (its own queries), HNSW forced, index-backed vs exact."""
     from tider.data import load_dataset
     from tider.eval.metrics import query_metrics
     from tider.memory import TemporalMemory
@@ -181,25 +209,36 @@ def run_real(args) -> dict:
     merged = Memory("all", [replace(m, key=f"{k}/{m.key}", id=i) for i, (k, m) in
                             enumerate((k, m) for k, memory in ds.memories.items() for m in memory)], ds.granularity)
     remap = {(k, m.id): merged.id_of(f"{k}/{m.key}") for k, memory in ds.memories.items() for m in memory}
-    mem = TemporalMemory(None, config=RetrievalConfig(index_min_messages=0, hnsw_min_messages=0), granularity=ds.granularity)
+    mem = TemporalMemory(None, config=RetrievalConfig(index_min_messages=0, hnsw_min_messages=0),
+                         granularity=ds.granularity, cache_elements=0)
     mem.add(merged.messages)
     rng = np.random.default_rng(0)
     queries = [ds.queries[i] for i in rng.choice(len(ds.queries), size=min(args.real_queries, len(ds.queries)), replace=False)]
-    mem.prepare([q.text for q in queries])
-    rows = {"none": [], "oracle": []}
-    for q in queries:
-        gold = [remap[(q.memory_key, i)] for i in q.gold.evidence_ids]
-        for name, pred in (("none", NON_TEMPORAL), ("oracle", WindowPrediction(q.gold.temporal, tuple(q.gold.windows)))):
-            a = mem.search(q.text, asked_at=q.asked_at, windows=pred, k=args.k, exact=False)
-            b = mem.search(q.text, asked_at=q.asked_at, windows=pred, k=args.k, exact=True)
-            rows[name].append((set(a.ids) == set(b.ids), a.ids == b.ids,
-                               query_metrics(a.positions, gold, [args.k])[f"recall@{args.k}"],
-                               query_metrics(b.positions, gold, [args.k])[f"recall@{args.k}"]))
-    out = {"messages": len(mem), "queries": len(queries)}
-    for name, r in rows.items():
-        r = np.array(r, dtype=np.float64)
-        out[name] = {"same_top_k_set": round(r[:, 0].mean(), 3), "same_top_k_order": round(r[:, 1].mean(), 3),
-                     "recall_index": round(r[:, 2].mean(), 4), "recall_exact": round(r[:, 3].mean(), 4)}
+    vectors = mem.state.embed_queries([q.text for q in queries])
+    out = {"messages": len(mem), "queries": len(queries), "load_1min": load()}
+    for name in ("none", "oracle"):
+        preds = [NON_TEMPORAL if name == "none" else WindowPrediction(q.gold.temporal, tuple(q.gold.windows)) for q in queries]
+        golds = [[remap[(q.memory_key, i)] for i in q.gold.evidence_ids] for q in queries]
+
+        def run(exact):
+            hits, times = [], []
+            for q, v, p in zip(queries, vectors, preds):
+                t0 = time.perf_counter()
+                hits.append(mem.search(q.text, asked_at=q.asked_at, windows=p, k=args.k, query_vector=v, exact=exact))
+                times.append(1e3 * (time.perf_counter() - t0))
+            scored = [query_metrics(h.positions, g, [args.k]) for h, g in zip(hits, golds)]
+            recall = sum(m[f"hits@{args.k}"] for m in scored) / max(1, sum(m["n_gold"] for m in scored))  # micro, as reported
+            return hits, {"p50_ms": round(float(np.percentile(times, 50)), 3), "recall": round(float(recall), 4)}
+
+        exact_hits, out[f"{name}_exact"] = run(True)
+        scores = [exact_scores(mem, q.text, q.asked_at, p, v) for q, v, p in zip(queries, vectors, preds)]
+        for depth in [int(d) for d in args.depths.split(",")]:
+            mem.config.index_depth = depth
+            hits, row = run(False)
+            same = np.array([compare(a, b, sc) for a, b, sc in zip(hits, exact_hits, scores)], dtype=np.float64)
+            row.update(same_top_k_set=round(same[:, 0].mean(), 3), same_top_k_order=round(same[:, 1].mean(), 3),
+                       same_top_k_scores=round(same[:, 2].mean(), 3))
+            out[f"{name}_index_depth_{depth}"] = row
     return out
 
 
@@ -211,9 +250,11 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--depths", default="100,1000", help="dense candidate depths of the index-backed path")
     parser.add_argument("--real", action="store_true", help="also the real-vector agreement (embeds ~22k messages)")
+    parser.add_argument("--real-only", action="store_true", help="only the real-vector part (--out gets just it)")
     parser.add_argument("--real-queries", type=int, default=300)
     parser.add_argument("--workdir", default="runs/bench_retrieval_stores")
     parser.add_argument("--keep", action="store_true", help="keep the stores")
+    parser.add_argument("--reuse", action="store_true", help="search a store an earlier --keep run left (timings only)")
     parser.add_argument("--out", default="runs/bench_retrieval.json")
     args = parser.parse_args()
 
@@ -222,13 +263,13 @@ def main() -> None:
     faiss.omp_set_num_threads(1)
     results = {"hardware": hardware(), "threads": 1, "command": "bench/bench_retrieval.py",
                "dense": f"random unit vectors, dim {args.dim} (not real embeddings)", "scales": []}
-    for n in [int(s) for s in args.sizes.split(",")]:
+    for n in ([] if args.real_only else [int(s) for s in args.sizes.split(",")]):
         r = run_scale(n, args, np.random.default_rng(n))
         results["scales"].append(r)
         print(json.dumps(r, indent=1), flush=True)
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
-    if args.real:
+    if args.real or args.real_only:
         results["real_vectors"] = run_real(args)
         print(json.dumps(results["real_vectors"], indent=1), flush=True)
     Path(args.out).write_text(json.dumps(results, indent=1))

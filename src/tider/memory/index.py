@@ -52,7 +52,8 @@ def fuse(dense_pos: np.ndarray | None, dense_scores: np.ndarray | None, bm25_sco
     empty = np.zeros(0, dtype=np.int64)
     dense_ids = empty
     if mode in ("dense", "hybrid") and dense_pos is not None and len(dense_pos):
-        best_first = np.lexsort((dense_pos, -dense_scores))
+        # graph and tail hits arrive together: one list, cut where exact scoring cuts it
+        best_first = np.lexsort((dense_pos, -dense_scores))[: min(config.index_depth, config.rrf_depth)]
         dense_ids, dense_scores = dense_pos[best_first], dense_scores[best_first]
     bm25_ids = empty
     lexical = mode in ("bm25", "hybrid") and bm25_scores is not None and cut and float(bm25_scores.max()) > 0

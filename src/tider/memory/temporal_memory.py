@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import hashlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -199,8 +200,8 @@ class TemporalMemory:
         when = to_utc(asked_at, "asked_at") if asked_at is not None else None
         if when is None:
             when = self.memory.timestamps[-1] if len(self) else datetime(1970, 1, 1)
-        return Query(key=f"{self.name}:{hash((text, when, user)) & 0xFFFFFFFF:08x}", memory_key=self.name, text=text,
-                     asked_at=when, user=user)
+        digest = hashlib.sha1(repr((text, when.isoformat(), user)).encode()).hexdigest()[:12]
+        return Query(key=f"{self.name}:{digest}", memory_key=self.name, text=text, asked_at=when, user=user)
 
     def predict(self, query: Query, windows="none") -> WindowPrediction:
         """The window source's prediction: ``windows`` is a registered name, a source
