@@ -4,7 +4,7 @@ Exact scoring (``tider.retrieval.retriever``) computes the dense cosine and the 
 of every message, turns both into ranks and fuses them (RRF, ranks past ``rrf_depth``
 contribute 0). Here the same fusion runs over candidate lists:
 
-* dense: the faiss top-``index_depth`` (``tider.memory.dense``: exact flat, or HNSW at
+* dense: the faiss top-``index_depth`` (``tider.retrieval.dense``: exact flat, or HNSW at
   scale), restricted to the past by an ``IDSelector``; the default depth is ``rrf_depth``
   (1000), the cut-off exact scoring uses, because a shallower list changes the fusion:
   measured, depth 100 kept the exact top-20 on 42% of queries at 10k messages and LoCoMo

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tider.memory.dense import CHUNK, FaissRows
+from tider.retrieval.dense import CHUNK, FaissRows
 from tider.memory.files import StoreError, StoreFiles
 from tider.memory.records import message_from_json, message_to_json
 from tider.retrieval.channels import to_days

@@ -27,7 +27,7 @@ statistics are those of the whole store, as in any search engine with a filter.
 Indexes that cannot grow in place are rebuilt when a search first needs them after an
 add: bm25s precomputes every posting's score from corpus statistics (so its index is
 rebuilt over all messages), the time-ordered vector copy, the exact-scoring caches. faiss
-grows by appending rows (``tider.memory.dense``) and the timeline by continuing its merge.
+grows by appending rows (``tider.retrieval.dense``) and the timeline by continuing its merge.
 """
 
 from __future__ import annotations
