@@ -9,7 +9,10 @@ the index (and every search) is the same whether the rows came in one ``add`` or
 The tail joins the graph when it fills a chunk (the segment merge).
 
 "Only the past" is a faiss ``IDSelector``: a row range when rows are in time order (the
-usual append), else a bitmap of the rows at or before ``asked_at``.
+usual append), else a bitmap of the rows at or before ``asked_at``. A filter that keeps
+fewer than ``hnsw_min_messages`` rows is searched exactly instead: filtered HNSW loses
+recall as the filter narrows (measured on the synthetic benchmark's MiniLM vectors,
+recall@1000 0.89 unfiltered, 0.81 on average and 0.12 at worst with the past filter).
 """
 
 from __future__ import annotations
@@ -43,12 +46,14 @@ class FaissRows:
         self.hnsw = None
         self.graph_rows = 0  # rows [0, graph_rows) are in the HNSW graph
         self.n = 0
+        self.vectors = np.zeros((0, dim), dtype=np.float32)  # every row (the store's array, not a copy)
 
     def add(self, vectors_all: np.ndarray) -> None:
         """Catch up with ``vectors_all`` (all rows, in row order): index rows ``n ..``."""
         import faiss
 
         n_all = len(vectors_all)
+        self.vectors = vectors_all
         if n_all >= self.hnsw_min and self.hnsw is None:
             self.hnsw = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
         if self.hnsw is not None:
@@ -71,6 +76,12 @@ class FaissRows:
         import faiss
 
         q = np.ascontiguousarray(np.asarray(query, dtype=np.float32).reshape(1, -1))
+        if self.hnsw is not None and past is not None:
+            allowed = np.arange(min(int(past), self.n)) if isinstance(past, (int, np.integer)) else np.flatnonzero(past)
+            if len(allowed) < self.hnsw_min:  # a narrow filter: exact over the allowed rows
+                scores = self.vectors[allowed] @ q[0] if len(allowed) else np.zeros(0, dtype=np.float32)
+                top = np.argpartition(-scores, k - 1)[:k] if k < len(allowed) else np.arange(len(allowed))
+                return allowed[top].astype(np.int64), scores[top]
         rows, scores = [], []
         if self.hnsw is not None and self.graph_rows:
             sel, _bits = _selector(past, 0, self.graph_rows)
