@@ -69,7 +69,8 @@ def test_key_required_add_then_search(server):
     assert {h["id"] for h in body["hits"]} == {"m1", "m2", "m3"}  # m4 is after asked_at
     assert set(body["hits"][0]) == {"id", "text", "timestamp", "speaker", "score"}
     assert [h["timestamp"] for h in body["hits"] if h["id"] == "m2"] == ["2024-02-02T08:30:00"]  # stored as UTC
-    r = httpx.post(f"{server}/memories/team/search", headers=AUTH, json={"text": "offsite", "windows": "timeline"})
+    r = httpx.post(f"{server}/memories/team/search", headers=AUTH, json={"text": "offsite", "windows": "timeline"},
+                   timeout=60)  # builds the timeline
     assert r.status_code == 200 and r.json()["prediction"]["temporal"] is True
 
 
@@ -93,7 +94,7 @@ def test_bad_input_is_a_4xx_naming_the_field(server, path, body, field):
 def test_malformed_json_unknown_memory_and_oversized_body(server):
     r = httpx.post(f"{server}/memories/team/search", content=b'{"text": ', headers={**AUTH, "Content-Type": "application/json"})
     assert r.status_code == 422
-    assert httpx.post(f"{server}/memories/nobody/search", json={"text": "x"}, headers=AUTH).status_code == 404
+    assert httpx.post(f"{server}/memories/nobody/search", json={"text": "x"}, headers=AUTH, timeout=60).status_code == 404
     assert httpx.post(f"{server}/memories/bad name!/search", json={"text": "x"}, headers=AUTH).status_code in (404, 422)
     big = {"messages": [{"text": "x" * 90_000, "timestamp": "2024-01-01"}] * 100}  # ~9 MB > the 8 MiB limit
     assert httpx.post(f"{server}/memories/team/messages", json=big, headers=AUTH, timeout=60).status_code == 413
