@@ -245,6 +245,25 @@ def run_real(args) -> dict:
     return out
 
 
+def markdown(results: dict) -> str:
+    """The README tables from a results file (``--table``)."""
+    lines = [f"Hardware: {results['hardware']}; {results['threads']} thread; dense: {results['dense']}", "",
+             "| messages | add msg/s | build bm25s / faiss / timeline (s) | RSS MB | store MB | reopen s | "
+             "window | exact p50/p95 | index (depth 1000) p50/p95 | same top-20 | index (depth 100) p50/p95 | "
+             "same top-20 | bare HNSW top-20 p50 | load |", "|" + "---|" * 14]
+    for r in results["scales"]:
+        hnsw = r.get("bare_faiss_hnsw_top20")
+        for mode, row in r["search"].items():
+            d1, d2, ex = row["index_depth_1000"], row["index_depth_100"], row["exact"]
+            lines.append(
+                f"| {r['messages']:,} | {r.get('add_msgs_per_s', '-')} | {r['build_bm25_s']:.1f} / {r['build_faiss_s']:.1f} "
+                f"({r['faiss']}) / {r['build_timeline_s']:.1f} | {r['max_rss_mb']:.0f} | {r['store_mb']:.0f} | "
+                f"{r['reopen_s']:.1f} | {mode} | {ex['p50_ms']:.1f} / {ex['p95_ms']:.1f} | {d1['p50_ms']:.1f} / "
+                f"{d1['p95_ms']:.1f} | {d1['same_top_k_set']:.2f} | {d2['p50_ms']:.1f} / {d2['p95_ms']:.1f} | "
+                f"{d2['same_top_k_set']:.2f} | {hnsw['p50_ms'] if hnsw else '-'} | {row['load_1min']} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
@@ -259,7 +278,11 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the stores")
     parser.add_argument("--reuse", action="store_true", help="search a store an earlier --keep run left (timings only)")
     parser.add_argument("--out", default="runs/bench_retrieval.json")
+    parser.add_argument("--table", default=None, help="print the README table of this results file and exit")
     args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(Path(args.table).read_text())))
+        return
 
     import faiss
 

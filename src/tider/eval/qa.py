@@ -36,6 +36,7 @@ from tider.forest.prompts import READER_SYSTEM, judge_messages, parse_verdict, p
 from tider.forest.select import select_evidence, selection_prompts
 from tider.forest.structure import Forest, LLMRelationClassifier, build_forest, make_classifier, structuring_tasks
 from tider.llm.jsonout import strip_think
+from tider.memory.context import past_windows
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset, Query, Window, window_bucket
 
@@ -170,6 +171,7 @@ class QARun:
             seeds = rec["ids"]
             pred = rec["prediction"]
             windows = [Window(_t(a), _t(b)) for a, b in rec["windows_exact"]] if pred["temporal"] else []
+            windows = past_windows(windows, query.asked_at, self.config.retrieval.past_only)
             if not (self.config.selection and windows):
                 return {"ids": seeds, "windows": [], "errors": 0, "invalid_ids": 0}
             public, memory = query.public(), self.store.memory(query.memory_key)

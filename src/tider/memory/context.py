@@ -14,7 +14,15 @@ from typing import Optional
 
 import numpy as np
 
-from tider.types import WindowPrediction
+from tider.types import Window, WindowPrediction
+
+
+def past_windows(windows, asked_at, past_only: bool = True) -> list[Window]:
+    """``windows`` cut at ``asked_at`` (those that start after it dropped): evidence
+    selection looks only where the retriever may (``RetrievalConfig.past_only``)."""
+    if not past_only or asked_at is None:
+        return list(windows)
+    return [Window(w.start, min(w.end, asked_at)) for w in windows if w.start <= asked_at]
 
 
 @dataclass
@@ -40,7 +48,7 @@ def build_context(mem, text: str, asked_at, user: Optional[str], k: Optional[int
     prediction = mem.predict(query, windows)
     seeds, _, _ = mem.rank(query, prediction, mem.config.k if k is None else k)
     ids, errors = [int(i) for i in seeds], 0
-    windows_used = list(prediction.windows) if prediction.temporal else []
+    windows_used = past_windows(prediction.windows if prediction.temporal else (), query.asked_at, mem.config.past_only)
     if llm is not None and windows_used and len(ids):
         vector = mem.state.embed_queries([text])[0]
         by_position = mem.state.vectors_by_position()
