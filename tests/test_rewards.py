@@ -1,5 +1,5 @@
 """GRPO rewards: hand-computed values, malformed completions, registry behaviour, and the
-retrieval-backed rewards against the real RetrievalStore."""
+retrieval-backed rewards against the real memories (tider.memory.MemoryCollection)."""
 
 from __future__ import annotations
 
