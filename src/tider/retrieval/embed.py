@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -102,7 +103,8 @@ class Embedder:
         self._memory[digest] = vec
         path = self._path(digest)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+        # per process and thread: the memory service embeds from many threads at once
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.npy")
         np.save(tmp, vec, allow_pickle=False)
         os.replace(tmp, path)
 
