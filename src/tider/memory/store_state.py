@@ -122,9 +122,9 @@ class MemoryState:
         return keys
 
     def _embed(self, messages: Sequence[Message]) -> np.ndarray:
-        from tider.retrieval.embed import render_message
+        from tider.retrieval.embed import embedding_text
 
-        return np.asarray(self.embedder.encode([render_message(m, self.config.embed_template) for m in messages]),
+        return np.asarray(self.embedder.encode([embedding_text(m, self.config.embed_template) for m in messages]),
                           dtype=np.float32)
 
     def _commit(self, fresh: list[Message], vecs: np.ndarray) -> None:

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from tider.train.dar import dar_resample, effective_probabilities
-from tider.train.locator_data import grpo_records, prepare, resume_arg, setup_wandb_env, to_hf, write_locator_meta
+from tider.train.locator_data import grpo_records, prepare, resume_arg, start_wandb_run, to_hf, training_metadata
 from tider.train.rewards import RewardContext, make_rewards
 from tider.train.sft import model_init_kwargs
 
@@ -24,7 +24,9 @@ def reward_context(script_args, dataset, store=None) -> RewardContext:
 
         if not script_args.reader_model:
             raise ValueError("reward 'answer_correct' needs reader_model (and reader_base_url) in the recipe")
-        reader = make_client(model=script_args.reader_model, base_url=script_args.reader_base_url)
+        # reader_base_url: a server (reader_model names the served model); else reader_model is a checkpoint.
+        url = script_args.reader_base_url
+        reader = make_client(url or script_args.reader_model, model=script_args.reader_model if url else None)
     return RewardContext(dataset=dataset, k=script_args.retrieval_k, proximity_tau_units=script_args.proximity_tau, reader=reader,
                          store=store)
 
@@ -32,7 +34,7 @@ def reward_context(script_args, dataset, store=None) -> RewardContext:
 def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None):
     from trl import GRPOTrainer, get_peft_config
 
-    setup_wandb_env(script_args.wandb_project)
+    run = start_wandb_run(training_args, script_args.wandb_project)
     model_path = model_args.model_name_or_path
     dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="grpo", dataset=dataset, store=store)
     records = grpo_records(splits["train"], builder)
@@ -60,9 +62,11 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json (log history) next to the final weights
     tokenizer.save_pretrained(training_args.output_dir)
-    write_locator_meta(training_args.output_dir, script_args, dataset,
-                       train_query_keys=[q.key for q in splits["train"]],
-                       chat_template_kwargs=training_args.chat_template_kwargs)
+    if trainer.accelerator.is_main_process:
+        training_metadata(script_args, dataset, store, train_query_keys=[q.key for q in splits["train"]],
+                          chat_template_kwargs=training_args.chat_template_kwargs).write(training_args.output_dir)
+    if run is not None:
+        run.finish()  # the next stage in this process opens its own run
     return trainer
 
 

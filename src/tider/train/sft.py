@@ -1,11 +1,13 @@
-"""Supervised warm-up of the locator with TRL's ``SFTTrainer`` (conversational
-prompt-completion records: the loss covers the gold JSON completion only)."""
+"""Supervised warm-up of the locator with TRL's ``SFTTrainer`` on conversational
+prompt-completion records (the gold JSON is the completion). The loss covers the
+completion only unless the recipe sets ``completion_only_loss: false``, as the tiny CPU
+recipe does so that a from-scratch model also learns to read the timeline dates."""
 
 from __future__ import annotations
 
 import logging
 
-from tider.train.locator_data import prepare, resume_arg, setup_wandb_env, sft_records, to_hf, write_locator_meta
+from tider.train.locator_data import prepare, resume_arg, start_wandb_run, sft_records, to_hf, training_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +25,7 @@ def model_init_kwargs(training_args, model_args) -> dict:
 def run_sft(script_args, training_args, model_args, *, dataset=None, store=None):
     from trl import SFTTrainer, get_peft_config
 
-    setup_wandb_env(script_args.wandb_project)
+    run = start_wandb_run(training_args, script_args.wandb_project)
     model_path = model_args.model_name_or_path
     dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="sft", dataset=dataset, store=store)
     train = to_hf(sft_records(splits["train"], builder), script_args.max_train_samples, ["prompt", "completion"])
@@ -42,6 +44,9 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json (log history) next to the final weights
     tokenizer.save_pretrained(training_args.output_dir)
-    write_locator_meta(training_args.output_dir, script_args, dataset,
-                       train_query_keys=[q.key for q in splits["train"]])
+    if trainer.accelerator.is_main_process:
+        training_metadata(script_args, dataset, store,
+                          train_query_keys=[q.key for q in splits["train"]]).write(training_args.output_dir)
+    if run is not None:
+        run.finish()  # the next stage in this process opens its own run
     return trainer
