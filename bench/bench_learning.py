@@ -177,7 +177,7 @@ def main(argv=None) -> int:
             "--synthetic_conversations", str(args.synthetic_conversations), *fresh, *design_overrides(design)]
     timings, t_start = {}, time.time()
 
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory.collection import MemoryCollection
     from tider.train.grpo import run_grpo
     from tider.train.locator_data import load_training_dataset, prepare
     from tider.train.sft import run_sft
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
                                                    "--max_steps", str(args.sft_steps), *data])
     t0 = time.time()
     dataset = load_training_dataset(s_args)
-    store = RetrievalStore(dataset)
+    store = MemoryCollection(dataset.memories)
     timings["data_s"] = time.time() - t0
     t0 = time.time()
     if not (sft_dir / "tider_locator.json").exists():

@@ -25,7 +25,7 @@ def _timeline(n_days: int = 20):
     one entry per message; embeddings that make offsite reports the relevant ones."""
     import numpy as np
 
-    from tider.retrieval.timeline import ExtractiveSummarizer, Timeline, TimelineEntry
+    from tider.retrieval.timeline import ExtractiveSummarizer, Timeline
     from tider.types import Memory, Message
 
     msgs = [Message(i, f"k{i}", f"we picked venue{i} as the venue at the offsite" if i % 2 == 0 else "coffee anyone?",
@@ -33,8 +33,7 @@ def _timeline(n_days: int = 20):
             for i in range(n_days)]
     memory = Memory("m1", msgs)
     emb = np.array([[1.0, 0.0] if i % 2 == 0 else [0.0, 1.0] for i in range(n_days)], dtype=np.float32)
-    entries = [TimelineEntry(m.timestamp, m.timestamp, (m.id,), m.text) for m in memory]
-    return memory, Timeline(entries, emb, memory=memory, embeddings=emb, summarizer=ExtractiveSummarizer())
+    return memory, Timeline(memory, list(range(n_days)), emb, emb, summarizer=ExtractiveSummarizer())  # one entry a message
 
 
 def _input(settings=None, tokenizer=None, asked=datetime(2023, 5, 10, 18)):

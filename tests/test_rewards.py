@@ -1,5 +1,5 @@
 """GRPO rewards: hand-computed values, malformed completions, registry behaviour, and the
-retrieval-backed rewards against the real RetrievalStore."""
+retrieval-backed rewards against the real memories (tider.memory.MemoryCollection)."""
 
 from __future__ import annotations
 
@@ -94,10 +94,10 @@ def test_registry_names_duplicates_and_unknown():
 @pytest.fixture(scope="module")
 def small_world():
     from tider.data.synth import generate
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     ds = generate(400, seed=3, n_conversations=2)
-    return ds, RetrievalStore(ds)
+    return ds, MemoryCollection(ds.memories)
 
 
 def _gold_json(q, g="day"):
@@ -183,7 +183,7 @@ def test_the_wide_window_shortcut_earns_less_than_a_precise_window(small_world):
     n = len(queries)
     columns = dict(query_key=[q.key for q in queries] * 2, memory_key=[q.memory_key for q in queries] * 2,
                    evidence_ids=[list(q.gold.evidence_ids) for q in queries] * 2, answer=[q.gold.answer for q in queries] * 2)
-    ctx = RewardContext(dataset=ds, store=store, k=20)
+    ctx = RewardContext(dataset=ds, store=store, k=5)  # a 200-message memory crowds k=5 as a year crowds k=20
     out, _, _ = _call(names, list(precise) + [wide] * n, [list(g) for g in golds] * 2, [True] * 2 * n, ctx=ctx, **columns)
     total = [sum(w * out[name][i] for name, w in zip(names, weights)) for i in range(2 * n)]
     assert sum(total[:n]) / n > sum(total[n:]) / n + 1.0

@@ -76,12 +76,8 @@ def test_untrained_model_fails_typed_and_falls_back(export_dir):
     from tider.locator.contract import NO_THINKING
     from tider.types import NON_TEMPORAL, Memory, Message, Query
 
-    from tider.retrieval.timeline import Timeline as _Timeline
-
     def Timeline():
-        import numpy as np
-
-        return _Timeline([], np.zeros((0, 4), dtype=np.float32))  # a memory with no timeline entries yet
+        return None  # a memory without a timeline yet: the prompt shows no lines
 
     memory = Memory("m", [Message(0, "a", "hello", datetime(2023, 5, 1), "x", "s1")], "day")
     query = Query("q", "m", "When did we meet?", datetime(2023, 6, 1))
@@ -108,12 +104,8 @@ def test_prompted_source_with_a_local_instruction_model(tiny_qwen3_dir):
     from tider.locator.sources import make_source
     from tider.types import NON_TEMPORAL, Memory, Message, Query
 
-    from tider.retrieval.timeline import Timeline as _Timeline
-
     def Timeline():
-        import numpy as np
-
-        return _Timeline([], np.zeros((0, 4), dtype=np.float32))  # a memory with no timeline entries yet
+        return None  # a memory without a timeline yet: the prompt shows no lines
 
     source = make_source("prompted", model=str(tiny_qwen3_dir), max_tokens=16)
     assert source.name == "prompted" and source.granularity is None  # any model, any granularity

@@ -60,23 +60,21 @@ def _terms(text: str) -> set[str]:
     return {t for t in tokenize(text) if not t.isdigit()}
 
 
-def _entry_text_terms(timeline, entry) -> set[str]:
-    if timeline.memory is None:
-        return _terms(entry.summary)
-    return set().union(*(_terms(timeline.memory[i].text) for i in entry.member_ids))
+def _member_terms(timeline, members) -> set[str]:
+    return set().union(*(_terms(timeline.memory[i].text) for i in members))
 
 
 def entry_terms(timeline) -> list[set[str]]:
     """Terms of every entry's member messages. Cached on the full timeline: a visible view
-    (``Timeline.visible``) shares its entries but the last, so it reuses the cache."""
-    full = getattr(timeline, "parent", None) or timeline
+    (``Timeline.visible``) shares all its clusters but the last, so it reuses the cache."""
+    full = timeline.parent or timeline
     cached = getattr(full, "_entry_terms", None)
-    if cached is None:
-        cached = full._entry_terms = [_entry_text_terms(full, e) for e in full.entries]
+    if cached is None or len(cached) != len(full):
+        cached = full._entry_terms = [_member_terms(full, full.members(j)) for j in range(len(full))]
     if full is timeline:
         return cached
-    return [cached[i] if full.entries[i] is e else _entry_text_terms(timeline, e)
-            for i, e in enumerate(timeline.entries)]
+    return [cached[j] if timeline.members(j) == full.members(j) else _member_terms(timeline, timeline.members(j))
+            for j in range(len(timeline))]
 
 
 def cue_spans(cues: Sequence, pad: timedelta) -> list:
@@ -106,7 +104,8 @@ def _anchor(question: str, cues: Sequence, terms: list[set[str]], sims: np.ndarr
 def select_lines(question: str, timeline, sims: np.ndarray, cues: Sequence, config: LineConfig = LineConfig()) -> Selection:
     """The entries of the visible ``timeline`` to show for ``question``, and their marks."""
     out = Selection()
-    n = len(timeline.entries)
+    spans = [timeline.span(j) for j in range(len(timeline))]
+    n = len(spans)
     if n == 0:
         return out
     by_sim = [int(i) for i in np.lexsort((np.arange(n), -sims))]
@@ -118,7 +117,7 @@ def select_lines(question: str, timeline, sims: np.ndarray, cues: Sequence, conf
                 out.picked.append(i)
 
     for j, span in enumerate(cue_spans(cues, timedelta(days=config.mark_pad_days)), start=1):
-        inside = [i for i in by_sim if timeline.entries[i].start <= span.end and timeline.entries[i].end >= span.start]
+        inside = [i for i in by_sim if spans[i].start <= span.end and spans[i].end >= span.start]
         add(inside[: config.per_cue])
         for i in inside:
             out.mark(i, f"C{j}")
@@ -141,13 +140,14 @@ def select_lines(question: str, timeline, sims: np.ndarray, cues: Sequence, conf
 
 
 def entry_scores(timeline, message_sims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(score, best_member)`` per entry: the best member message's similarity and id."""
-    if not timeline.entries:
+    """``(score, best_member)`` per entry: the best member message's similarity and position.
+    Clusters are contiguous position runs, so this is one ``maximum.reduceat``."""
+    n = len(timeline)
+    if n == 0:
         return np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64)
-    best_score = np.empty(len(timeline.entries), dtype=np.float32)
-    best_id = np.empty(len(timeline.entries), dtype=np.int64)
-    for j, e in enumerate(timeline.entries):
-        ids = np.asarray(e.member_ids)
-        k = int(np.argmax(message_sims[ids]))
-        best_score[j], best_id[j] = message_sims[ids[k]], ids[k]
+    starts = np.asarray(timeline.starts, dtype=np.int64)
+    sims = np.asarray(message_sims, dtype=np.float32)[: timeline.end]
+    best_score = np.maximum.reduceat(sims, starts)
+    best_id = np.array([timeline.starts[j] + int(np.argmax(sims[timeline.members(j).start: timeline.members(j).stop]))
+                        for j in range(n)], dtype=np.int64)
     return best_score, best_id

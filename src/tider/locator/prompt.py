@@ -159,14 +159,16 @@ def locator_input(query_public: Query, memory, timeline, cues: Sequence, granula
     line would hand the model a broken date)."""
     if query_public.gold.answer is not None or query_public.gold.evidence_ids or query_public.gold.windows:
         raise ValueError(f"query {query_public.key!r}: locator_input takes query.public(), not a query with gold")
-    if timeline is None or not len(timeline.entries):
+    if timeline is None or not len(timeline):
         scores, best = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64)
     else:
         if query_vector is None:
             query_vector = timeline.embedder.encode([query_public.text])[0]
         scores, best = entry_scores(timeline, timeline.embeddings @ np.asarray(query_vector, dtype=np.float32))
     cues = tuple(cues) if settings.show_cues else ()
-    if settings.select == "structured":
+    if not len(scores):
+        selection = Selection()
+    elif settings.select == "structured":
         selection = select_lines(query_public.text, timeline, scores, cues, settings.lines)
     else:  # v1: the most similar entries, no marks
         selection = Selection([int(i) for i in np.lexsort((np.arange(len(scores)), -scores))[: settings.lines.max_lines]])
@@ -176,10 +178,10 @@ def locator_input(query_public: Query, memory, timeline, cues: Sequence, granula
 
     def build(n: int) -> LocatorInput:
         shown = sorted(priority[:n])
-        text = [entry_line(k if settings.pointers else None, timeline.entries[i], marks.get(i, ()), memory[int(best[i])], granularity)
+        text = [entry_line(k if settings.pointers else None, timeline.span(i), marks.get(i, ()), memory[int(best[i])], granularity)
                 for k, i in enumerate(shown, start=1)]
         messages = head + [{"role": "user", "content": _render(query_public, cue_text, text, granularity)}]
-        lines = tuple(timeline.entries[i].window for i in shown) if settings.pointers else ()
+        lines = tuple(timeline.span(i) for i in shown) if settings.pointers else ()
         parts = (question_block(query_public, granularity), *cue_text, *text)
         return LocatorInput(messages, lines, tuple(c.window for c in cues) if settings.pointers else (), parts)
 

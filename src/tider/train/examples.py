@@ -115,7 +115,7 @@ def gold_answer(query: Query, table, granularity) -> dict:
 
 
 class PromptBuilder:
-    """Builds locator-v2 prompts for a dataset from the retrieval store (so prompts and
+    """Builds locator-v2 prompts for a dataset from its ``MemoryCollection`` (so prompts and
     retrieval rewards see the same timeline and embeddings): the timeline as of each
     question's ``asked_at``, its resolved time cues, the chosen lines, and token-budget
     truncation with the policy's tokenizer. ``build(query)`` returns the ``LocatorInput``
@@ -139,7 +139,7 @@ class PromptBuilder:
         timeline = self.store.timeline(query.memory_key).visible(public.asked_at)
         cues = query_cues(self.resolver, public, memory)
         return locator_input(public, memory, timeline, cues, self.dataset.granularity, self.settings,
-                             query_vector=self.store.query_vector(public), tokenizer=self.tokenizer)
+                             query_vector=self.store.embedder.encode([public.text])[0], tokenizer=self.tokenizer)
 
     def messages(self, query: Query) -> list[dict]:
         return self.build(query).messages

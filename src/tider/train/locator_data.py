@@ -109,13 +109,13 @@ def ensure_tiny_model(script_args, model_path: str, dataset: Dataset, builder: P
 
 def prepare(script_args, model_path: str, *, stage: str, dataset: Optional[Dataset] = None, store=None):
     """Return ``(dataset, store, tokenizer, builder, splits)``; builds the tiny model if asked.
-    ``store`` (a ``RetrievalStore``) is built once here and shared by prompts and rewards."""
+    ``store`` (a ``tider.memory.MemoryCollection``) is built once here and shared by prompts and rewards."""
     from transformers import AutoTokenizer
 
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     dataset = dataset or load_training_dataset(script_args)
-    store = store or RetrievalStore(dataset)
+    store = store or MemoryCollection(dataset.memories)
     builder = PromptBuilder(dataset, store, settings=script_args.prompt_settings())
     store.prepare(dataset.queries)  # one batched encode of every question the prompts need
     if script_args.tiny_model:
