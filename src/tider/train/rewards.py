@@ -248,30 +248,40 @@ READER_SYSTEM = "Answer the question using only the memory excerpts. Reply with 
 
 
 @register_reward("answer_correct")
-def _answer_correct(completions, *, ctx, parsed, query_key, answer, **kw) -> list[float]:
+def _answer_correct(completions, *, ctx, parsed, query_key, answer, log_metric=None, **kw) -> list[float]:
     """r_out: a reader LLM answers from the retrieved evidence; token F1 vs the gold answer.
-    Memoized by (query, retrieved ids) since a group's completions often retrieve the same set."""
+    Memoized by (query, retrieved ids) since a group's completions often retrieve the same set;
+    the batch's new (query, ids) pairs go to the reader concurrently (``LLMClient.chat_batch``).
+    A reader that still fails after its bounded retries gives 0, counted in ``reader/failures``."""
     if ctx.reader is None:
         raise ValueError("reward 'answer_correct' needs RewardContext(reader=LLMClient(...)); use 'answer_span' as the cheap proxy")
     dataset = ctx.require_dataset("answer_correct")
-    out = []
+    keys: list = []
     for p, qk, gold in zip(parsed, query_key, answer):
-        if not p.ok or not gold:
-            out.append(0.0)
-            continue
-        q = ctx.query("answer_correct", qk)
-        ids = tuple(ctx.retrieved("answer_correct", qk, p.prediction)[: ctx.k])
-        if (qk, ids) not in ctx._answer_cache:
-            memory = dataset.memories[q.memory_key]
-            lines = [f"[{memory[i].timestamp:%Y-%m-%d %H:%M}] {memory[i].speaker}: {memory[i].text}" for i in sorted(ids)]
-            messages = [
-                {"role": "system", "content": READER_SYSTEM},
-                {"role": "user", "content": "Memory:\n" + "\n".join(lines) + f"\n\nQuestion: {q.text}\nAsked at: {q.asked_at:%Y-%m-%d}"},
-            ]
-            result = ctx.reader.chat(messages, stage="reward_reader")
-            ctx._answer_cache[(qk, ids)] = token_f1(result.text, gold) if result.ok else 0.0
-        out.append(ctx._answer_cache[(qk, ids)])
-    return out
+        ok = p.ok and bool(gold)
+        keys.append((qk, tuple(ctx.retrieved("answer_correct", qk, p.prediction)[: ctx.k])) if ok else None)
+    todo = list(dict.fromkeys(k for k in keys if k is not None and k not in ctx._answer_cache))
+    results = ctx.reader.chat_batch([_reader_messages(dataset, ctx.query("answer_correct", qk), ids) for qk, ids in todo],
+                                    stage="reward_reader") if todo else []
+    golds = {k: gold for k, gold in zip(keys, answer) if k is not None}
+    failures = 0
+    for key, result in zip(todo, results):
+        failures += not result.ok
+        if result.ok:  # a failed call is not cached: the next batch asks again
+            ctx._answer_cache[key] = token_f1(result.text, golds[key])
+    if log_metric is not None:
+        log_metric("reader/failures", float(failures))
+        log_metric("reader/calls", float(len(todo)))
+    return [ctx._answer_cache.get(k, 0.0) if k is not None else 0.0 for k in keys]
+
+
+def _reader_messages(dataset: Dataset, query, ids) -> list[dict]:
+    memory = dataset.memories[query.memory_key]
+    lines = [f"[{memory[i].timestamp:%Y-%m-%d %H:%M}] {memory[i].speaker}: {memory[i].text}" for i in sorted(ids)]
+    return [
+        {"role": "system", "content": READER_SYSTEM},
+        {"role": "user", "content": "Memory:\n" + "\n".join(lines) + f"\n\nQuestion: {query.text}\nAsked at: {query.asked_at:%Y-%m-%d}"},
+    ]
 
 
 def make_rewards(names: Sequence[str], context: Optional[RewardContext] = None) -> list[RewardFn]:
@@ -293,7 +303,7 @@ def _bind(name: str, ctx: RewardContext, log_failures: bool) -> RewardFn:
         if log_failures:
             _log_failures(parsed, log_metric, log_extra)
         columns.pop("trainer_state", None)
-        return impl(completions, ctx=ctx, parsed=parsed, **columns)
+        return impl(completions, ctx=ctx, parsed=parsed, log_metric=log_metric, **columns)
 
     reward.__name__ = reward.__qualname__ = name
     reward.__doc__ = impl.__doc__
