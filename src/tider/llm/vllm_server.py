@@ -77,6 +77,24 @@ def build_server_command(
     return cmd
 
 
+def trl_server_flags(model: str, *, port: int, host: str = "127.0.0.1", cuda: bool = True,
+                     extra: Sequence[str] = ()) -> list[str]:
+    """The flags ``trl vllm-serve`` gives vLLM's server (TRL's own ``build_command``: weight
+    transfer, processed logprobs, unlimited logprobs), after ``--model/--host/--port``.
+
+    On CPU (``cuda=False``) the NCCL weight-transfer engine is left out: every weight-transfer
+    engine vLLM ships needs CUDA, so a CPU server can generate for a remote trainer but never
+    receive its weights. Run the result with ``VLLM_SERVER_DEV_MODE=1`` in the environment."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    command = build_command(ScriptArguments(model=model, host=host, port=port), list(extra))
+    flags = command[command.index("--port") + 2:]
+    if not cuda and "--weight-transfer-config" in flags:
+        at = flags.index("--weight-transfer-config")
+        del flags[at:at + 2]
+    return flags
+
+
 def server_env(base: Optional[dict] = None) -> dict:
     """Environment for the server: offline Hub, a small CPU KV cache unless already set."""
     env = dict(os.environ if base is None else base)

@@ -62,6 +62,7 @@ class GRPOScriptArguments(LocatorScriptArguments):
     reader_wait_timeout: float = field(
         default=300.0, metadata={"help": "Seconds to wait for the reader endpoint at start-up before failing with a clear error."})
     reader_timeout: float = field(default=60.0, metadata={"help": "Seconds per reader request."})
+    reader_max_tokens: int = field(default=64, metadata={"help": "Token budget of a reader answer (the prompt asks for a short one)."})
     reader_max_retries: int = field(
         default=2, metadata={"help": "Retries per reader request; after them the completion gets a counted 0 reward."})
 

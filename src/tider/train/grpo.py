@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 from tider.train.dar import dar_resample, effective_probabilities
-from tider.train.locator_data import grpo_records, prepare, resume_arg, setup_wandb_env, to_hf, write_locator_meta
+from tider.train.locator_data import (grpo_records, is_main_process, log_world, prepare, resume_arg, setup_wandb_env,
+                                     to_hf, write_locator_meta)
+from tider.train.output import install_progress
 from tider.train.rewards import RewardContext, make_rewards
 from tider.train.sft import model_init_kwargs
 
@@ -42,8 +44,10 @@ def reader_client(script_args):
     if url.startswith(("http://", "https://")):
         waited = wait_until_ready(url, script_args.reader_wait_timeout, api_key=os.environ.get("TIDER_API_KEY"))
         logger.info("reader %s at %s is up (waited %.1f s)", script_args.reader_model, url, waited)
-    return make_client(url, model=script_args.reader_model, timeout=script_args.reader_timeout,
-                       max_retries=script_args.reader_max_retries)
+    client = make_client(url, model=script_args.reader_model, timeout=script_args.reader_timeout,
+                         max_retries=script_args.reader_max_retries)
+    client.default_max_tokens = script_args.reader_max_tokens
+    return client
 
 
 def prepare_vllm_colocate_on_cpu(training_args) -> None:
@@ -68,13 +72,15 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
 
     setup_wandb_env(script_args.wandb_project)
     model_path = model_args.model_name_or_path
-    dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="grpo", dataset=dataset, store=store)
+    dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="grpo", dataset=dataset, store=store,
+                                                          training_args=training_args)
     records = grpo_records(splits["train"], builder)
     if script_args.dar:
         probs = effective_probabilities([r["n_gold_windows"] for r in records], script_args.dar_factors)
         records = dar_resample(records, script_args.dar_factors, seed=training_args.seed)
-        Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(training_args.output_dir) / "dar.json").write_text(json.dumps({"factors": script_args.dar_factors, "effective_probabilities": probs}, indent=2))
+        if is_main_process(training_args):
+            Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
+            (Path(training_args.output_dir) / "dar.json").write_text(json.dumps({"factors": script_args.dar_factors, "effective_probabilities": probs}, indent=2))
     train = to_hf(records, script_args.max_train_samples)
     evaluate = training_args.eval_strategy != "no"
     val = to_hf(grpo_records(splits["validation"], builder), script_args.max_eval_samples) if evaluate else None
@@ -90,18 +96,20 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
     )
     if script_args.dar:
         _log_dar(probs)
+    install_progress(trainer, "grpo")
+    log_world(trainer, "grpo")
     trainer.train(resume_from_checkpoint=resume_arg(training_args))
-    trainer.save_model(training_args.output_dir)
+    trainer.save_model(training_args.output_dir)  # the main process writes; the others wait
     trainer.save_state()  # trainer_state.json (log history) next to the final weights
-    tokenizer.save_pretrained(training_args.output_dir)
-    write_locator_meta(training_args.output_dir, script_args, dataset,
-                       train_query_keys=[q.key for q in splits["train"]],
-                       chat_template_kwargs=training_args.chat_template_kwargs)
+    if is_main_process(training_args):
+        tokenizer.save_pretrained(training_args.output_dir)
+        write_locator_meta(training_args.output_dir, script_args, dataset,
+                           train_query_keys=[q.key for q in splits["train"]],
+                           chat_template_kwargs=training_args.chat_template_kwargs)
     return trainer
 
 
 def _log_dar(probs: dict) -> None:
-    logger.info("DAR effective probabilities: %s", probs)
     try:
         import wandb
     except ImportError:

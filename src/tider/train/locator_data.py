@@ -77,8 +77,10 @@ def ensure_tiny_model(script_args, model_path: str, dataset: Dataset, builder: P
     )
 
 
-def prepare(script_args, model_path: str, *, stage: str, dataset: Optional[Dataset] = None, store=None):
-    """Return ``(dataset, store, tokenizer, builder, splits)``; builds the tiny model if asked.
+def prepare(script_args, model_path: str, *, stage: str, dataset: Optional[Dataset] = None, store=None,
+            training_args=None):
+    """Return ``(dataset, store, tokenizer, builder, splits)``; builds the tiny model if asked
+    (the main process builds it, the other ranks then load the same files).
     ``store`` (a ``RetrievalStore``) is built once here and shared by prompts and rewards."""
     from transformers import AutoTokenizer
 
@@ -89,12 +91,31 @@ def prepare(script_args, model_path: str, *, stage: str, dataset: Optional[Datas
     builder = PromptBuilder(dataset, store.timeline, top_k=script_args.timeline_top_k,
                             max_prompt_tokens=script_args.max_prompt_tokens)
     if script_args.tiny_model:
-        ensure_tiny_model(script_args, model_path, dataset, builder)
+        with main_process_first(training_args, "tiny model"):
+            ensure_tiny_model(script_args, model_path, dataset, builder)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     builder.tokenizer = tokenizer
     splits = split_queries(dataset, seed=script_args.split_seed)
     logger.info("%s on %s: %s", stage, dataset.name, {k: len(v) for k, v in splits.items()})
     return dataset, store, tokenizer, builder, splits
+
+
+def main_process_first(training_args, what: str):
+    """``TrainingArguments.main_process_first``: rank 0 runs the block, then the others do
+    (and find its files); a no-op context without training arguments."""
+    from contextlib import nullcontext
+
+    return training_args.main_process_first(local=False, desc=what) if training_args is not None else nullcontext()
+
+
+def is_main_process(training_args) -> bool:
+    return training_args is None or training_args.process_index == 0
+
+
+def log_world(trainer, stage: str) -> None:
+    """Which process this is, in the rank's log (the 2-rank test reads it)."""
+    acc = trainer.accelerator
+    logger.info("%s: process %d of %d (%s)", stage, acc.process_index, acc.num_processes, acc.distributed_type)
 
 
 def to_hf(records: list[dict], limit: Optional[int] = None, columns: Optional[list[str]] = None):

@@ -22,7 +22,9 @@ Every reward is 0 for a malformed completion. The first configured reward also l
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -33,6 +35,7 @@ from tider.registry import Registry
 from tider.types import GRANULARITY_UNIT, Dataset, Window, WindowPrediction, floor_time
 from dateutil.parser import isoparse
 
+logger = logging.getLogger(__name__)
 RewardFn = Callable[..., list[float]]
 # ``fn(completions, *, ctx, parsed, **columns) -> list[float]`` by name.
 REWARDS: Registry[Callable] = Registry("reward")
@@ -302,6 +305,9 @@ def _bind(name: str, ctx: RewardContext, log_failures: bool) -> RewardFn:
         parsed = _parse_all(completions, columns, ctx)
         if log_failures:
             _log_failures(parsed, log_metric, log_extra)
+            # Per-rank record of what this process scored (the rank's log file only).
+            logger.info("rewards on rank %s: %d completions of prompts %s", os.environ.get("RANK", "0"), len(parsed),
+                        sorted(set(columns.get("query_key") or [])), extra={"file_only": True})
         columns.pop("trainer_state", None)
         return impl(completions, ctx=ctx, parsed=parsed, log_metric=log_metric, **columns)
 

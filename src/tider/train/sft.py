@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from tider.train.locator_data import prepare, resume_arg, setup_wandb_env, sft_records, to_hf, write_locator_meta
+from tider.train.locator_data import (is_main_process, log_world, prepare, resume_arg, setup_wandb_env, sft_records,
+                                     to_hf, write_locator_meta)
+from tider.train.output import install_progress
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +27,8 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
 
     setup_wandb_env(script_args.wandb_project)
     model_path = model_args.model_name_or_path
-    dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="sft", dataset=dataset, store=store)
+    dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="sft", dataset=dataset, store=store,
+                                                          training_args=training_args)
     train = to_hf(sft_records(splits["train"], builder), script_args.max_train_samples, ["prompt", "completion"])
     evaluate = training_args.eval_strategy != "no"
     val = to_hf(sft_records(splits["validation"], builder), script_args.max_eval_samples, ["prompt", "completion"]) if evaluate else None
@@ -38,10 +41,13 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
+    install_progress(trainer, "sft")
+    log_world(trainer, "sft")
     trainer.train(resume_from_checkpoint=resume_arg(training_args))
-    trainer.save_model(training_args.output_dir)
+    trainer.save_model(training_args.output_dir)  # the main process writes; the others wait
     trainer.save_state()  # trainer_state.json (log history) next to the final weights
-    tokenizer.save_pretrained(training_args.output_dir)
-    write_locator_meta(training_args.output_dir, script_args, dataset,
-                       train_query_keys=[q.key for q in splits["train"]])
+    if is_main_process(training_args):
+        tokenizer.save_pretrained(training_args.output_dir)
+        write_locator_meta(training_args.output_dir, script_args, dataset,
+                           train_query_keys=[q.key for q in splits["train"]])
     return trainer
