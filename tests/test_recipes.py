@@ -163,3 +163,34 @@ def test_grpo_qwen3_production(json_writing_locator, work, data_dir, vllm_server
     assert server_log.read_text(errors="replace").count("POST /v1/chat/completions") > served_before
     assert json.loads((out / "dar.json").read_text())["factors"]["0"] == 10.0  # the paper's DAR factors
     assert (out / "tider_locator.json").exists()
+
+
+@pytest.mark.vllm
+def test_grpo_qwen3_multinode_server_mode(tiny_sft, work, data_dir, tmp_path, vllm_server):
+    """Server mode as scripts/slurm/train.slurm runs it, on one CPU box: the server gets
+    `trl vllm-serve`'s flags (TRL's own command builder) and starts; its health check and
+    generation answer TRL's client; the recipe's trainer connects to it. Weight sync stops
+    there: TRL pushes weights through vLLM's NCCL weight-transfer engine, and every engine
+    vLLM ships needs CUDA, so on CPU the trainer must fail with that reason, not hang."""
+    from trl.generation.vllm_client import VLLMClient
+
+    from tider.llm.vllm_server import VLLMServer, free_port, trl_server_flags
+
+    port = free_port()
+    server = VLLMServer(str(tiny_sft), port=port, extra_args=trl_server_flags(str(tiny_sft), port=port, cuda=False),
+                        env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+                        log_path=tmp_path / "trl-server.log", startup_timeout=300)
+    with server:
+        client = VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=60)  # check_server: /health
+        out = client.generate(["2023-05-07 Alice"], n=2, max_tokens=8, temperature=0.7)
+        assert len(out["completion_ids"]) == 2 and all(len(ids) > 0 for ids in out["completion_ids"])
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled"}
+        run = subprocess.run([sys.executable, "-m", "tider.cli", "grpo", "--config", str(ROOT / "configs/grpo/qwen3-1.7b-multinode.yaml"),
+                              "--model_name_or_path", str(tiny_sft), "--output_dir", str(work / "multinode"), "--max_steps", "1",
+                              "--use_cpu", "true", "--vllm_server_host", "127.0.0.1", "--vllm_server_port", str(port),
+                              "--reader_base_url", vllm_server.base_url, "--reader_model", vllm_server.model_name,
+                              *data_args(data_dir), *COMMON],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode != 0
+    assert "weight sync" in run.stderr and "CUDA" in run.stderr, run.stderr[-4000:]
+    assert "connected to the vLLM server" in run.stderr + run.stdout  # it got that far

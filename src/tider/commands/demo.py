@@ -140,7 +140,9 @@ def run(args) -> int:
         report = export_locator(grpo_dir, export_dir, dtype=dtype, overwrite=True)
         if not report.greedy_identical:
             raise SystemExit(f"export differs from the GRPO checkpoint: {report.greedy_mismatches[:1]}")
-    print(json.loads((export_dir / "export_report.json").read_text()))
+    exported = json.loads((export_dir / "export_report.json").read_text())
+    print(f"export: {exported['dtype']} ({exported['source_layout']}), max |logit diff| {exported['max_abs_logit_diff']}, "
+          f"greedy identical: {exported['greedy_identical']}")
     _done(t0, times, "export")
 
     # 6-7. Serve with vLLM and compare on held-out conversations.
@@ -185,7 +187,9 @@ def _serve_and_compare(args, dataset, data_path, export_dir: Path, out: Path, dt
 
         parser = argparse.ArgumentParser()
         serve.register(parser.add_subparsers())
-        serve_args = parser.parse_args(["serve", "--model", str(export_dir), "--dtype", dtype,
+        # Eager on CPU: vLLM's compile warm-up costs ~100 s there and buys a tiny model nothing.
+        eager = ["--enforce-eager"] if _on_cpu() else []
+        serve_args = parser.parse_args(["serve", "--model", str(export_dir), "--dtype", dtype, *eager,
                                         "--max-model-len", "4096", "--log", str(out / "vllm.log")])
         serve_args.port = args.port  # None: a free port
         server = serve.make_server(serve_args)

@@ -40,6 +40,8 @@ def register(subparsers) -> None:
     p.add_argument("--structured-outputs-backend", default="auto",
                    choices=["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"],
                    help="vLLM structured output backend used for the locator JSON schema")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="skip vLLM's torch.compile warm-up (minutes on a small CPU; a tiny model gains nothing from it)")
     p.add_argument("--launcher", default="module", choices=["module", "vllm-serve"],
                    help="module: python -m vllm.entrypoints.openai.api_server (CPU venv); vllm-serve: `vllm serve`")
     p.add_argument("--vllm-python", default=None, help="python with vLLM (default $TIDER_VLLM_PYTHON, else this interpreter)")
@@ -56,6 +58,8 @@ def register(subparsers) -> None:
 def server_args(args) -> list[str]:
     """Flags beyond model/host/port/name/key/max-len, in the vLLM spelling."""
     extra = ["--dtype", args.dtype, "--generation-config", "auto"]
+    if getattr(args, "enforce_eager", False):
+        extra.append("--enforce-eager")
     if args.tensor_parallel_size != 1:
         extra += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
     if args.structured_outputs_backend != "auto":

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from tider.train.dar import dar_resample, effective_probabilities
@@ -66,6 +67,32 @@ def prepare_vllm_colocate_on_cpu(training_args) -> None:
     sys.modules.setdefault("numba", None)  # `import numba` now raises ImportError; bm25s falls back to numpy
 
 
+@contextmanager
+def vllm_server_connection(training_args):
+    """Server mode (``vllm_mode: server``): wait for the server, bounded by
+    ``vllm_server_timeout``, and say so; TRL then opens the weight-sync channel. That channel
+    is vLLM's NCCL weight-transfer engine, which needs CUDA on both ends, so on a CPU box
+    the failure is re-raised with that reason instead of a bare connection error."""
+    if not (training_args.use_vllm and training_args.vllm_mode == "server"):
+        yield
+        return
+    import torch
+
+    from tider.llm.vllm_server import wait_until_ready
+
+    base = training_args.vllm_server_base_url or f"http://{training_args.vllm_server_host}:{training_args.vllm_server_port}"
+    waited = wait_until_ready(base.rstrip("/") + "/v1", training_args.vllm_server_timeout)
+    logger.info("connected to the vLLM server at %s (waited %.1f s)", base, waited)
+    try:
+        yield
+    except Exception as exc:
+        if torch.cuda.is_available():
+            raise
+        raise RuntimeError(f"vLLM server mode: the server at {base} answers, but weight sync to it needs CUDA "
+                           f"(TRL uses vLLM's NCCL weight-transfer engine); on CPU use vllm_mode: colocate "
+                           f"({type(exc).__name__}: {exc})") from exc
+
+
 def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None):
     prepare_vllm_colocate_on_cpu(training_args)
     from trl import GRPOTrainer, get_peft_config
@@ -81,19 +108,22 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
         if is_main_process(training_args):
             Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
             (Path(training_args.output_dir) / "dar.json").write_text(json.dumps({"factors": script_args.dar_factors, "effective_probabilities": probs}, indent=2))
+            logger.info("wrote %s", Path(training_args.output_dir) / "dar.json", extra={"file_only": True})
     train = to_hf(records, script_args.max_train_samples)
     evaluate = training_args.eval_strategy != "no"
     val = to_hf(grpo_records(splits["validation"], builder), script_args.max_eval_samples) if evaluate else None
     training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
-    trainer = GRPOTrainer(
-        model=model_path,
-        reward_funcs=make_rewards(script_args.reward_funcs, reward_context(script_args, dataset, store)),
-        args=training_args,
-        train_dataset=train,
-        eval_dataset=val,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-    )
+    rewards = make_rewards(script_args.reward_funcs, reward_context(script_args, dataset, store))
+    with vllm_server_connection(training_args):
+        trainer = GRPOTrainer(
+            model=model_path,
+            reward_funcs=rewards,
+            args=training_args,
+            train_dataset=train,
+            eval_dataset=val,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+        )
     if script_args.dar:
         _log_dar(probs)
     install_progress(trainer, "grpo")

@@ -154,6 +154,7 @@ def write_locator_meta(output_dir: str, script_args, dataset: Dataset, *, train_
     }
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     (Path(output_dir) / LOCATOR_META).write_text(json.dumps(meta, indent=2))
+    logger.info("wrote %s", Path(output_dir) / LOCATOR_META, extra={"file_only": True})
 
 
 def read_locator_meta(model_dir: str) -> dict:
@@ -162,15 +163,45 @@ def read_locator_meta(model_dir: str) -> dict:
 
 
 def resume_arg(training_args):
-    """``resume_from_checkpoint: true`` means the newest checkpoint in output_dir, if any."""
-    from transformers.trainer_utils import get_last_checkpoint
-
+    """``resume_from_checkpoint: true`` means the newest *complete* checkpoint in output_dir,
+    if any: one whose ``trainer_state.json`` (which transformers writes last) exists, so a
+    run killed while saving resumes from the checkpoint before."""
     value = training_args.resume_from_checkpoint
     if value in (None, False, "", "false", "False"):
         return None
+    _load_cpu_ranks_checkpoints()
     if value in (True, "true", "True"):
-        return get_last_checkpoint(training_args.output_dir) if Path(training_args.output_dir).is_dir() else None
+        return last_complete_checkpoint(training_args.output_dir)
     return value
+
+
+def _load_cpu_ranks_checkpoints() -> None:
+    """transformers 5.17 loads the optimizer state of a multi-process run with
+    ``map_location=args.device``, which on CPU ranks is ``cpu:0``/``cpu:1``, a location
+    torch's loader does not know ("don't know how to restore data location ... cpu:0").
+    Teach it that ``cpu:N`` is the CPU (registered once; every other location unchanged)."""
+    import re
+
+    import torch.serialization as serialization
+
+    if getattr(_load_cpu_ranks_checkpoints, "done", False):
+        return
+
+    def indexed_cpu(obj, location):
+        return obj if isinstance(location, str) and re.fullmatch(r"cpu:\d+", location) else None
+
+    serialization.register_package(97, lambda obj: None, indexed_cpu)  # a priority of its own
+    _load_cpu_ranks_checkpoints.done = True
+
+
+def last_complete_checkpoint(output_dir: str) -> Optional[str]:
+    folder = Path(output_dir)
+    done = [p for p in folder.glob("checkpoint-*") if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").exists()]
+    if not done:
+        return None
+    newest = max(done, key=lambda p: int(p.name.split("-")[-1]))
+    logger.info("resuming from %s", newest)
+    return str(newest)
 
 
 __all__ = ["prepare", "sft_records", "grpo_records", "to_hf", "write_locator_meta", "read_locator_meta", "resume_arg"]
