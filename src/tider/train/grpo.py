@@ -13,9 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tider.train.dar import dar_resample, effective_probabilities
-from tider.train.locator_data import (grpo_records, is_main_process, log_world, prepare, resume_arg, setup_wandb_env,
-                                     to_hf, write_locator_meta)
-from tider.train.output import install_progress
+from tider.train.locator_data import grpo_records, is_main_process, prepare, setup_wandb_env, to_hf, train_and_save
 from tider.train.rewards import RewardContext, make_rewards
 from tider.train.sft import model_init_kwargs
 
@@ -126,17 +124,8 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
         )
     if script_args.dar:
         _log_dar(probs)
-    install_progress(trainer, "grpo")
-    log_world(trainer, "grpo")
-    trainer.train(resume_from_checkpoint=resume_arg(training_args))
-    trainer.save_model(training_args.output_dir)  # the main process writes; the others wait
-    trainer.save_state()  # trainer_state.json (log history) next to the final weights
-    if is_main_process(training_args):
-        tokenizer.save_pretrained(training_args.output_dir)
-        write_locator_meta(training_args.output_dir, script_args, dataset,
-                           train_query_keys=[q.key for q in splits["train"]],
-                           chat_template_kwargs=training_args.chat_template_kwargs)
-    return trainer
+    return train_and_save(trainer, "grpo", script_args, training_args, dataset, tokenizer, splits,
+                          chat_template_kwargs=training_args.chat_template_kwargs)
 
 
 def _log_dar(probs: dict) -> None:

@@ -112,10 +112,24 @@ def is_main_process(training_args) -> bool:
     return training_args is None or training_args.process_index == 0
 
 
-def log_world(trainer, stage: str) -> None:
-    """Which process this is, in the rank's log (the 2-rank test reads it)."""
+def train_and_save(trainer, stage: str, script_args, training_args, dataset: Dataset, tokenizer, splits,
+                   chat_template_kwargs: Optional[dict] = None):
+    """Both stages' tail: one progress line, which process this is (in the rank's log; the
+    2-rank test reads it), train (resuming if asked), save weights and state (the trainer
+    writes from the main process), then tokenizer and locator metadata from rank 0 only."""
+    from tider.train.output import install_progress
+
+    install_progress(trainer, stage)
     acc = trainer.accelerator
     logger.info("%s: process %d of %d (%s)", stage, acc.process_index, acc.num_processes, acc.distributed_type)
+    trainer.train(resume_from_checkpoint=resume_arg(training_args))
+    trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json (log history) next to the final weights
+    if is_main_process(training_args):
+        tokenizer.save_pretrained(training_args.output_dir)
+        write_locator_meta(training_args.output_dir, script_args, dataset, train_query_keys=[q.key for q in splits["train"]],
+                           chat_template_kwargs=chat_template_kwargs)
+    return trainer
 
 
 def to_hf(records: list[dict], limit: Optional[int] = None, columns: Optional[list[str]] = None):

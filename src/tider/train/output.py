@@ -48,16 +48,18 @@ def setup_logging(output_dir: str, rank: int = 0) -> Path:
     log_dir.mkdir(parents=True, exist_ok=True)
     path = log_dir / f"rank{rank}.log"
     root = logging.getLogger()
-    for handler in list(root.handlers):
+    for handler in [h for h in root.handlers if getattr(h, "tider_run", False)]:  # a previous run in this process
         root.removeHandler(handler)
+        handler.close()
     root.setLevel(logging.INFO)
     to_file = logging.FileHandler(path)
     to_file.setFormatter(logging.Formatter(FORMAT))
-    root.addHandler(to_file)
     terminal = logging.StreamHandler()
     terminal.setFormatter(logging.Formatter("%(name)s: %(message)s"))
     terminal.addFilter(_TerminalFilter(main=rank == 0))
-    root.addHandler(terminal)
+    for handler in (to_file, terminal):
+        handler.tider_run = True
+        root.addHandler(handler)
     for noisy in ("bm25s", "faiss", "faiss.loader", "sentence_transformers", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.captureWarnings(True)  # warnings.warn -> the log file (and the terminal if WARNING)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from tider.train.locator_data import (is_main_process, log_world, prepare, resume_arg, setup_wandb_env, sft_records,
-                                     to_hf, write_locator_meta)
-from tider.train.output import install_progress
+from tider.train.locator_data import prepare, setup_wandb_env, sft_records, to_hf, train_and_save
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +39,4 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    install_progress(trainer, "sft")
-    log_world(trainer, "sft")
-    trainer.train(resume_from_checkpoint=resume_arg(training_args))
-    trainer.save_model(training_args.output_dir)  # the main process writes; the others wait
-    trainer.save_state()  # trainer_state.json (log history) next to the final weights
-    if is_main_process(training_args):
-        tokenizer.save_pretrained(training_args.output_dir)
-        write_locator_meta(training_args.output_dir, script_args, dataset,
-                           train_query_keys=[q.key for q in splits["train"]])
-    return trainer
+    return train_and_save(trainer, "sft", script_args, training_args, dataset, tokenizer, splits)
