@@ -89,6 +89,10 @@ def table(results: dict) -> str:
         secs = [sum(r["seconds_per_step"].get(n, 0.0) for n in names) for r in results.values()]
         shares = [s / r["seconds_per_step"]["step"] for s, r in zip(secs, results.values())]
         lines.append(f"| {label} | " + " | ".join(f"{s:.3f}" for s in secs) + " | " + " | ".join(f"{x:.1%}" for x in shares) + " |")
+    parts = [n for _, names in rows for n in names]
+    rest = [r["seconds_per_step"]["step"] - sum(r["seconds_per_step"].get(n, 0.0) for n in parts) for r in results.values()]
+    lines.append("| rest: policy/reference log-probs, loss, backward | " + " | ".join(f"{x:.3f}" for x in rest) + " | "
+                 + " | ".join(f"{x / r['seconds_per_step']['step']:.1%}" for x, r in zip(rest, results.values())) + " |")
     rew = [sum(r["seconds_per_step"].get(n, 0.0) for n in rewards) / r["seconds_per_step"]["step"] for r in results.values()]
     lines.append("| all rewards | " + " | ".join("" for _ in results) + " | " + " | ".join(f"**{x:.1%}**" for x in rew) + " |")
     lines.append("| whole step | " + " | ".join(f"{r['seconds_per_step']['step']:.2f}" for r in results.values()) + " | "
@@ -129,7 +133,11 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=6, help="measured GRPO steps per variant (one warm-up step more runs)")
     parser.add_argument("--sft-steps", type=int, default=80)
     parser.add_argument("--out", default="runs/bench_grpo_profile")
+    parser.add_argument("--report", action="store_true", help="print the table of an existing OUT/profile.json")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("grpo", nargs="*", help=argparse.SUPPRESS)
     parsed = parser.parse_args()
-    worker(parsed) if parsed.worker else run(parsed)
+    if parsed.report:
+        print(table(json.loads((Path(parsed.out) / "profile.json").read_text())["results"]))
+    else:
+        worker(parsed) if parsed.worker else run(parsed)

@@ -80,6 +80,9 @@ def run(args) -> int:
 
     from tider.data import load_dataset
 
+    from tider.train.output import quiet_libraries
+
+    quiet_libraries()  # model-loading bars and library INFO stay out of the demo's own output
     extra = list(getattr(args, "extra", []) or [])
     out = Path(args.out).resolve()
     if args.fresh and out.exists():
