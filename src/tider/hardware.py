@@ -88,16 +88,22 @@ def auto_dtype(use_cpu: bool = False) -> str:
 _logged: set[str] = set()
 
 
-def resolve_dtype(value: str | None, use_cpu: bool = False) -> str | None:
-    """A recipe's ``dtype``: ``auto`` becomes :func:`auto_dtype` (logged once per process),
-    anything else is returned as given."""
+def resolve_dtype(value: str | None, use_cpu: bool = False, log: bool = True) -> str | None:
+    """A recipe's ``dtype``: ``auto`` becomes :func:`auto_dtype` (logged once per process
+    unless ``log=False``), anything else is returned as given."""
     if value != "auto":
         return value
     chosen = auto_dtype(use_cpu)
+    if log:
+        log_choice(chosen)
+    return chosen
+
+
+def log_choice(chosen: str) -> None:
+    """``dtype auto -> X (this machine)``, once per process."""
     if chosen not in _logged:
         _logged.add(chosen)
         logger.info("dtype auto -> %s (%s)", chosen, describe())
-    return chosen
 
 
 def describe() -> str:
@@ -108,4 +114,4 @@ def describe() -> str:
     return f"{cpu_model()}, {cpu_cores()} cores, {bf16}, " + (f"GPU {gpu}" if gpu else "no GPU")
 
 
-__all__ = ["auto_dtype", "cpu_cores", "cpu_model", "cpu_native_bf16", "describe", "gpu_name", "resolve_dtype"]
+__all__ = ["auto_dtype", "cpu_cores", "cpu_model", "cpu_native_bf16", "describe", "gpu_name", "log_choice", "resolve_dtype"]

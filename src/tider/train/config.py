@@ -96,13 +96,16 @@ def parse_recipe(stage: str, argv: Sequence[str]):
     probe.set_defaults(bf16=False)
     _, training_args, model_args = probe.parse_args_and_config(list(argv), fail_with_unknown_args=True)
     parser = parsers[stage]()
-    dtype = resolve_dtype(model_args.dtype, use_cpu=training_args.use_cpu)
-    if model_args.dtype == "auto":
+    # logged by the command once its log files exist (tider.commands.train)
+    dtype = resolve_dtype(model_args.dtype, use_cpu=training_args.use_cpu, log=False)
+    auto = model_args.dtype == "auto"
+    if auto:
         # `dtype: auto`: bf16 mixed precision follows the hardware's dtype unless the recipe
         # or the command line sets `bf16` itself (TrlParser: config and argv beat defaults).
         parser.set_defaults(bf16=dtype == "bfloat16")
     script_args, training_args, model_args = parser.parse_args_and_config(list(argv), fail_with_unknown_args=True)
     model_args.dtype = dtype
+    model_args.dtype_was_auto = auto
     return script_args, training_args, model_args
 
 
