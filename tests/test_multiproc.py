@@ -25,7 +25,7 @@ import pytest
 
 from tider.llm.vllm_server import free_port
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--synthetic_messages", "600", "--synthetic_conversations", "3", "--timeline_top_k", "4",

@@ -10,7 +10,8 @@ steps. What the tests override, and why:
   serving the tiny Qwen3 (tests/conftest.py), which checks the wiring, not its answers.
 
 Everything else is the recipe: vLLM colocated inside the trainer (`use_vllm: true`), DAR,
-the reward list and weights, gradient checkpointing, LoRA through `use_peft`.
+the reward list and weights, gradient checkpointing, LoRA through `use_peft`. The
+production GRPO run also holds vLLM's sampling to the locator's JSON shape (see LOCATOR_JSON).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.recipe, pytest.mark.slow]
+# Generous per-test bound: a fixture trains first, and CI machines may be shared.
+pytestmark = [pytest.mark.recipe, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*/*.yaml")
@@ -129,29 +131,25 @@ def test_sft_qwen3_production_lora(tiny_sft, work, data_dir):
     assert set(adapter["target_modules"]) == set(recipe["lora_target_modules"])
 
 
-@pytest.fixture(scope="module")
-def json_writing_locator(tiny_sft, work, data_dir):
-    """A starting checkpoint whose sampled completions parse often enough that the
-    retrieval rewards and the reader really run: the tiny recipe for 80 steps with loss on
-    the completion only (a one-step SFT writes noise, which every reward scores 0 unread)."""
-    out = work / "json-locator"
-    tider("sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(work / "base"), "--output_dir", str(out),
-          "--max_steps", "80", "--learning_rate", "3e-3", "--completion_only_loss", "true", "--save_strategy", "no",
-          "--timeline_top_k", "30", *TINY, *data_args(data_dir), *COMMON)
-    return out
+# Completions the rewards can read from a model trained for one step: vLLM's structured
+# output (TRL's `vllm_structured_outputs_regex`, not set by the recipe) holds generation to the
+# locator's JSON with plausible dates, so the retrieval rewards and the reader really run
+# (noise parses never, and every reward would score it 0 without reading it).
+LOCATOR_JSON = (r'\{"temporal": (false, "windows": \[\]|true, "windows": \[\{"start": "2023-0[1-9]-(0[1-9]|1[0-9]|2[0-8])", '
+                r'"end": "2023-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"\}\])\}')
 
 
 @pytest.mark.vllm
-def test_grpo_qwen3_production(json_writing_locator, work, data_dir, vllm_server):
+def test_grpo_qwen3_production(production_sft, work, data_dir, vllm_server):
     """vLLM colocated in the trainer generates the completions; `answer_correct` asks the
     served reader; DAR resamples. One step of the recipe's 4 prompts x G=8."""
-    production_sft = json_writing_locator
     out = work / "qwen3-grpo"
     server_log = Path(vllm_server.log_path)
     served_before = server_log.read_text(errors="replace").count("POST /v1/chat/completions")
     tider("grpo", "configs/grpo/qwen3-1.7b.yaml", "--model_name_or_path", str(production_sft), "--output_dir", str(out),
           "--max_steps", "1", "--use_cpu", "true", "--reader_base_url", vllm_server.base_url,
-          "--reader_model", vllm_server.model_name, *data_args(data_dir), *COMMON)
+          "--reader_model", vllm_server.model_name, "--vllm_structured_outputs_regex", LOCATOR_JSON,
+          *data_args(data_dir), *COMMON)
     [logged] = [h for h in history(out) if "loss" in h]
     # generation went through vLLM inside the trainer: TRL logs its sampling-vs-training logprob gap
     assert "sampling/sampling_logp_difference/mean" in logged, sorted(logged)
