@@ -53,6 +53,7 @@ def setup_logging(output_dir: str, rank: int = 0) -> Path:
         handler.close()
     root.setLevel(logging.INFO)
     to_file = logging.FileHandler(path)
+    to_file.setLevel(logging.INFO)  # some libraries set DEBUG on their own loggers at import (bm25s)
     to_file.setFormatter(logging.Formatter(FORMAT))
     terminal = logging.StreamHandler()
     terminal.setFormatter(logging.Formatter("%(name)s: %(message)s"))
