@@ -53,7 +53,7 @@ def recipe_args(stage: str, overrides: list[str]):
 def score_predictions(name, preds, texts, queries, ds, store, builder, reward_names, weights) -> list[dict]:
     """Per-query records: rewards (from completions when there are texts), recall@20, IoU."""
     from tider.eval.metrics import query_metrics
-    from tider.eval.scoring import window_iou
+    from tider.scoring import window_iou
     from tider.train.examples import grpo_records
     from tider.train.rewards import RewardContext, make_rewards
 
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     ap.add_argument("--grpo-batch", type=int, default=16, help="completions per step (num_generations=8 each prompt)")
     ap.add_argument("--synthetic-messages", type=int, default=22400, help="22400 x 16 = the default benchmark; less for a smoke run")
     ap.add_argument("--structured-date-init", action=argparse.BooleanOptionalAction, default=True,
-                    help="tiny model's date embeddings = shared + year + month + day parts (notes/cpu-learnability.md)")
+                    help="tiny model's date embeddings = shared + year + month + day parts (tider.train.tiny)")
     ap.add_argument("--synthetic-conversations", type=int, default=16)
     ap.add_argument("--max-test-queries", type=int, default=None)
     args = ap.parse_args(argv)
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     s_args, s_train, s_model = recipe_args("sft", ["--model_name_or_path", str(base), "--output_dir", str(sft_dir),
                                                    "--max_steps", str(args.sft_steps), "--logging_steps", "10",
                                                    # loss on the prompt too: the date tokens are learned from
-                                                   # the timeline lines (notes/cpu-learnability.md, row 3)
+                                                   # the timeline lines (tider.train.tiny)
                                                    "--completion_only_loss", "false",
                                                    "--tiny_structured_date_init", str(args.structured_date_init).lower(), *data])
     ds = load_training_dataset(s_args)

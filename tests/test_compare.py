@@ -69,7 +69,8 @@ def test_compare_cli_end_to_end_and_resume(tiny_qwen3_dir, synthetic_dir, tmp_pa
 
     out = tmp_path / "cmp"
     argv = ["eval", "compare", "--dataset", "synthetic", "--path", str(synthetic_dir), "--out", str(out),
-            "--split", "all", "--limit", "8", "--k", "5,20", "--locator-model", str(tiny_qwen3_dir)]
+            "--split", "all", "--limit", "8", "--k", "5,20", "--locator-model", str(tiny_qwen3_dir),
+            "--locator-allow-unknown-settings"]
     assert main(argv) == 0
     comparison = json.loads((out / "compare.json").read_text())
     assert comparison["methods"] == ["none", "dbscan-paper", "dbscan-tuned", "timeline", "locator", "oracle"]

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from tider.data import gold_windows
 from tider.data.gold import unit_window
-from tider.eval.scoring import window_iou
+from tider.scoring import window_iou
 from tider.types import Memory, Message, Window
 
 

@@ -86,6 +86,69 @@ def test_irregular_and_missing_evidence_is_split_repaired_or_counted(fixture_dat
     assert dataset_stats(fixture_dataset)["unresolved_evidence"] == 2
 
 
+def quirk_conversation(evidence):
+    """Two dialogues of five turns each, one question per evidence list."""
+    return {
+        "sample_id": "conv-q",
+        "conversation": {
+            "session_1_date_time": "1:56 pm on 8 May, 2023",
+            "session_1": [turn(f"D12:{i}", f"turn {i} of twelve") for i in range(1, 6)],
+            "session_2_date_time": "10:00 am on 20 May, 2023",
+            "session_2": [turn(f"D13:{i}", f"turn {i} of thirteen") for i in range(1, 6)],
+        },
+        "qa": [{"question": f"q{i}", "answer": "a", "evidence": e, "category": 2} for i, e in enumerate(evidence)],
+    }
+
+
+@pytest.mark.parametrize("evidence, resolved, quirk", [
+    (["D12:3-D12:5"], ["D12:3", "D12:4", "D12:5"], "range"),
+    (["D12:2 - D12:3"], ["D12:2", "D12:3"], "range"),
+    (["D13:2-4"], ["D13:2", "D13:3", "D13:4"], "range"),
+    (["D12:3."], ["D12:3"], "trailing_punctuation"),
+    (["D13:5;"], ["D13:5"], None),  # a separator, not a quirk
+    (["(D12:1)"], ["D12:1"], "trailing_punctuation"),
+    (["D12:4:D13:1"], ["D12:4", "D13:1"], "joined_refs"),
+    (["D:12:2"], ["D12:2"], "repaired_colon"),
+])
+def test_evidence_quirks_that_are_unambiguous_resolve(tmp_path, evidence, resolved, quirk):
+    data = load_dataset("locomo", str(write(tmp_path, [quirk_conversation([evidence])])))
+    memory, [q] = data.memories["conv-q"], data.queries
+    assert q.gold.evidence_ids == tuple(sorted(memory.id_of(r) for r in resolved))
+    assert q.gold.unresolved_evidence == () and data.stats["unresolved_by_kind"] == {}
+    assert data.stats["evidence_quirks"] == ({quirk: 1} if quirk else {})
+
+
+@pytest.mark.parametrize("evidence, kind", [
+    (["14"], "bare_number"),
+    (["D12:4-D13:2"], "cross_dialogue_range"),
+    (["D12:5-D12:3"], "cross_dialogue_range"),  # backwards: which turns were meant?
+    (["D12:4-D12:9"], "no_such_turn"),  # runs past the dialogue's last turn
+    (["D14:1"], "no_such_turn"),
+    (["D"], "malformed"),
+    (["see D12"], "malformed"),
+])
+def test_ambiguous_evidence_is_dropped_and_counted_by_kind(tmp_path, evidence, kind):
+    data = load_dataset("locomo", str(write(tmp_path, [quirk_conversation([evidence, ["D12:1"]])])))
+    broken, fine = data.queries
+    assert broken.gold.evidence_ids == () and broken.gold.unresolved_evidence
+    assert fine.gold.evidence_ids == (data.memories["conv-q"].id_of("D12:1"),)  # one bad ref loses nothing else
+    assert data.stats["unresolved_by_kind"] == {kind: len(broken.gold.unresolved_evidence)}
+    assert dataset_stats(data)["unresolved_evidence"] == len(broken.gold.unresolved_evidence)
+
+
+def test_data_stats_prints_the_quirk_counts(tmp_path, capsys):
+    from tider.cli import main
+
+    path = write(tmp_path, [quirk_conversation([["D12:1-3", "14"], ["D12:4:D13:1", "D9:1"]])])
+    assert main(["data", "stats", "--dataset", "locomo", "--path", str(path), "--json"]) == 0
+    loader = json.loads(capsys.readouterr().out)["loader"]
+    assert loader["evidence_quirks"] == {"joined_refs": 1, "range": 1}
+    assert loader["unresolved_by_kind"] == {"bare_number": 1, "no_such_turn": 1}
+    assert main(["data", "stats", "--dataset", "locomo", "--path", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert "loader: unresolved_by_kind" in table and '"bare_number": 1' in table
+
+
 def test_answers_categories_asked_at_and_gold_windows(fixture_dataset):
     q = {query.text: query for query in fixture_dataset.queries}
     assert q["What year?"].gold.answer == "2023"
@@ -154,6 +217,8 @@ def test_real_locomo_dev_counts():
     # "D8:6; D9:17" split, so both resolve.
     assert stats["unresolved_evidence"] == 3
     assert stats["loader"]["repaired_evidence"] == 1 and stats["loader"]["split_evidence"] == 1
+    assert stats["loader"]["evidence_quirks"] == {"repaired_colon": 1}
+    assert stats["loader"]["unresolved_by_kind"] == {"malformed": 1, "no_such_turn": 2}
     # Two questions have no evidence at all: the only non-temporal ones by default.
     assert stats["by_window_bucket"]["0"] == 2 and stats["temporal_queries"] == 1345
     for q in data.queries:  # every resolved ref is a real turn inside a gold window

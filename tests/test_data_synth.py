@@ -1,5 +1,4 @@
 import re
-import time
 from collections import Counter
 from datetime import date, timedelta
 
@@ -22,10 +21,9 @@ def window_days(query):
     return [(w.start.date(), w.end.date()) for w in query.gold.windows]
 
 
-def test_default_shape_and_speed():
-    start = time.perf_counter()
+def test_default_shape():
+    # Generation speed is measured by bench/bench_synth.py, not bounded here.
     data = default_dataset(seed=3)
-    assert time.perf_counter() - start < 5.0
     assert len(data.memories) == 16 and data.granularity == "day"
     for key, memory in data.memories.items():
         assert 1200 <= len(memory) <= 1600

@@ -8,7 +8,7 @@ from datetime import datetime
 import pytest
 
 from tider.eval.metrics import aggregate, query_metrics, switch_f1
-from tider.eval.scoring import window_iou
+from tider.scoring import window_iou
 from tider.eval.stats import mcnemar_exact, pairwise_mcnemar
 from tider.types import Window
 

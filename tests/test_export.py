@@ -12,13 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tider.train.export import (  # noqa: E402
-    METADATA_FILE,
-    ExportError,
-    detect_layout,
-    export_locator,
-    load_locator_metadata,
-)
+from tider.locator.contract import METADATA_FILE, LocatorContractError  # noqa: E402
+from tider.train.export import ExportError, detect_layout, export_locator, load_locator_metadata  # noqa: E402
 from tider.train.tiny import build_tiny_qwen3, iso_dates  # noqa: E402
 
 CORPUS = [
@@ -70,8 +65,8 @@ def test_lora_export_merges_and_matches_source(lora_export):
     assert report.greedy_identical is True, report.greedy_mismatches
     assert report.max_abs_logit_diff is not None and report.max_abs_logit_diff < 1e-4
     meta = load_locator_metadata(out)
-    assert meta["granularity"] == "day" and meta["training_data_hash"] == "abc123"
-    assert meta["dtype"] == "float32"
+    assert meta.granularity == "day" and meta.training_data_hash == "abc123"
+    assert meta.dtype == "float32" and meta.source_layout == "lora"
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         keys = list(f.keys())
     assert keys and not any("lora" in k for k in keys)
@@ -105,7 +100,7 @@ def test_full_weights_export_via_cli(tiny_base, tmp_path):
     report = json.loads((out / "export_report.json").read_text())
     assert report["source_layout"] == "full" and report["greedy_identical"] is True
     assert report["max_abs_logit_diff"] == 0.0
-    assert load_locator_metadata(out)["granularity"] == "minute"
+    assert load_locator_metadata(out).granularity == "minute"
     # refuses to overwrite without being told
     with pytest.raises(ExportError, match="not empty"):
         export_locator(tiny_base, out, granularity="minute")
@@ -124,7 +119,7 @@ def _copy(src, dst):
 def test_missing_tokenizer_is_refused(lora_export, tmp_path):
     bad = _copy(lora_export[0], tmp_path / "bad")
     (bad / "tokenizer.json").unlink()
-    with pytest.raises(ExportError, match=r"bad: tokenizer missing"):
+    with pytest.raises(LocatorContractError, match=r"bad: tokenizer missing"):
         load_locator_metadata(bad)
 
 
@@ -133,18 +128,18 @@ def test_mismatched_metadata_is_refused(lora_export, tmp_path):
     meta = json.loads((bad / METADATA_FILE).read_text())
     meta["prompt_version"] = "locator-v0"
     (bad / METADATA_FILE).write_text(json.dumps(meta))
-    with pytest.raises(ExportError, match="prompt version 'locator-v0' does not match"):
+    with pytest.raises(LocatorContractError, match="prompt version 'locator-v0' does not match"):
         load_locator_metadata(bad)
     meta["prompt_version"] = json.loads((lora_export[0] / METADATA_FILE).read_text())["prompt_version"]
     meta["output_schema"] = {"type": "object"}
     (bad / METADATA_FILE).write_text(json.dumps(meta))
-    with pytest.raises(ExportError, match="output_schema differs"):
+    with pytest.raises(LocatorContractError, match="output_schema differs"):
         load_locator_metadata(bad)
     (bad / METADATA_FILE).write_text("{not json")
-    with pytest.raises(ExportError, match="not valid JSON"):
+    with pytest.raises(LocatorContractError, match="not valid JSON"):
         load_locator_metadata(bad)
     (bad / METADATA_FILE).unlink()
-    with pytest.raises(ExportError, match="not a tider export"):
+    with pytest.raises(LocatorContractError, match="not a tider export"):
         load_locator_metadata(bad)
 
 

@@ -43,6 +43,32 @@ class ScriptedBackend:
         return Completion(out, prompt_tokens=10, completion_tokens=5)
 
 
+class BatchFailingBackend(ScriptedBackend):
+    """Batched generation fails the way a long batch runs out of memory; one by one works."""
+
+    def __init__(self, outputs, batch_error):
+        super().__init__(outputs)
+        self.batch_error = batch_error
+
+    def generate_batch(self, batch, **kwargs):
+        raise self.batch_error
+
+
+def test_failed_batch_is_redone_one_by_one_and_counted(caplog):
+    backend = BatchFailingBackend(["a", "b"], RuntimeError("CPU out of memory"))
+    client = LLMClient(backend, max_retries=0)
+    batch = [[{"role": "user", "content": "q1"}], [{"role": "user", "content": "q2"}]]
+    with caplog.at_level("WARNING", logger="tider.llm.client"):
+        results = client.chat_batch(batch, stage="answer")
+    assert [r.text for r in results] == ["a", "b"] and backend.calls == 2
+    assert client.usage_by_stage()["answer"]["batch_fallbacks"] == 1
+    assert "batched generation of 2 prompts failed (RuntimeError: CPU out of memory)" in caplog.text
+    # A programming error in the backend is not swallowed into a fallback.
+    broken = LLMClient(BatchFailingBackend(["a", "b"], TypeError("bad argument")), max_retries=0)
+    with pytest.raises(TypeError, match="bad argument"):
+        broken.chat_batch(batch, stage="answer")
+
+
 def test_retries_then_success_and_cache(tmp_path):
     backend = ScriptedBackend([TimeoutError("slow"), "garbage", '{"key": [7]}'])
     client = LLMClient(backend, cache=LLMCache(tmp_path / "c.sqlite"), max_retries=2, backoff=0)

@@ -10,7 +10,8 @@ import jsonschema
 import pytest
 
 from tider.locator.parse import ParseFailure, parse_prediction
-from tider.locator.prompt import OUTPUT_SCHEMA, PROMPT_VERSION, build_messages
+from tider.locator.contract import OUTPUT_SCHEMA, PROMPT_VERSION
+from tider.locator.prompt import build_messages
 from tider.types import Gold, Query, Window
 
 

@@ -1,4 +1,4 @@
-from tider.eval.answer_metrics import answer_f1, is_abstention, multi_answer_f1, token_f1
+from tider.scoring import answer_f1, is_abstention, multi_answer_f1, token_f1
 from tider.forest.prompts import parse_msg_id, parse_verdict
 
 

@@ -106,6 +106,41 @@ def test_planted_gold_answer_fails_the_run(synth, tiny_client, tmp_path, monkeyp
     assert json.loads((tmp_path / "leaks.json").read_text())
 
 
+def test_leaks_are_found_in_the_prompts_the_stages_sent(synth, tiny_client, tmp_path, monkeypatch):
+    """The validator reads what each stage handed to its model, not a rebuilt copy: a bug in
+    how the locator source or evidence selection build what they send is caught."""
+    from tider.forest import select as select_module
+    from tider.locator import chat_source
+
+    gold = {q.key: q.gold.answer for q in synth.queries}
+    by_text = {}
+    for q in synth.queries:
+        by_text.setdefault(q.text, q.key)
+    build, prompts = chat_source.build_messages, select_module.selection_prompts
+
+    def leaky_build(query, *args, **kwargs):
+        messages = build(query, *args, **kwargs)
+        messages[0]["content"] += f" Hint: {gold[query.key]}"
+        return messages
+
+    def leaky_selection_prompts(query, *args, **kwargs):
+        out = prompts(query, *args, **kwargs)
+        for _, _, messages in out:
+            messages[0]["content"] += f" Hint: {gold[by_text[query.text]]}"
+        return out
+
+    monkeypatch.setattr(chat_source, "build_messages", leaky_build)
+    cfg = _config(synth, windows=("prompted",), limit=2, until="retrieve",
+                  source_options={"prompted": {"model": str(tiny_client.model), "max_tokens": 4}})
+    with pytest.raises(GoldLeakError, match="stage locator: gold_answer_in_prompt"):
+        run_qa_eval(synth, cfg, tmp_path / "locator", None, None, progress=False)
+    monkeypatch.undo()
+    monkeypatch.setattr(select_module, "selection_prompts", leaky_selection_prompts)
+    cfg = _config(synth, contexts=("flat",), limit=2, until="select")
+    with pytest.raises(GoldLeakError, match="stage select: gold_answer_in_prompt"):
+        run_qa_eval(synth, cfg, tmp_path / "select", tiny_client, tiny_client, tiny_client, progress=False)
+
+
 def _query(answer, evidence=(), text="Where did Alice move?", user="Mel"):
     return Query("q1", "m", text, None, user=user, gold=Gold(answer=answer, evidence_ids=tuple(evidence)))
 

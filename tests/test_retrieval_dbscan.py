@@ -17,7 +17,20 @@ def test_paper_values_are_converted_to_days():
     assert PAPER.delta_days * 24 == pytest.approx(2)
     assert PAPER.mu_per_day / 24 == pytest.approx(0.25)
     assert PAPER.pad_days * 24 == pytest.approx(12)
-    assert TUNED != PAPER  # the sweep chose different values (bench/sweep_dbscan.py)
+    assert PAPER.max_windows is None  # the paper keeps every cluster above mu
+    # The rule reads them in days: three seeds 5.5 h apart form one cluster (eps 12 h,
+    # density 3 / 11 h = 6.5 per day > mu = 6), three seeds 13 h apart are noise.
+    hours = lambda *h: np.array(h) / 24
+    assert [(n, round(lo * 24, 6), round(hi * 24, 6)) for lo, hi, _, n in
+            dbscan_windows(hours(0, 5.5, 11), [None] * 3, PAPER)] == [(3, 0.0, 11.0)]
+    assert dbscan_windows(hours(0, 13, 26), [None] * 3, PAPER) == []
+
+
+def test_tuned_values_are_the_sweep_result():
+    """``TUNED`` is the setting ``bench/sweep_dbscan.py`` chose on LoCoMo dev (non-test
+    conversations): eps 7 days, mu 0.25 per day, no padding; the rest stays the paper's."""
+    assert (TUNED.eps_days, TUNED.mu_per_day, TUNED.pad_days) == (7.0, 0.25, 0.0)
+    assert replace(TUNED, eps_days=PAPER.eps_days, mu_per_day=PAPER.mu_per_day, pad_days=PAPER.pad_days) == PAPER
 
 
 def test_dense_clusters_kept_densest_first_and_noise_dropped():

@@ -9,7 +9,9 @@ import math
 import pytest
 
 from tider.train import rewards as R
-from tider.train.rewards import RewardContext, make_rewards, proximity_score, token_f1
+from tider.scoring import answer_tokens
+from tider.train.rewards import RewardContext, make_rewards, proximity_score
+from tider.types import WindowPrediction
 
 GOOD = '{"temporal": true, "windows": [{"start": "2023-05-01", "end": "2023-05-03"}]}'
 NO_TIME = '{"temporal": false, "windows": []}'
@@ -89,12 +91,6 @@ def test_registry_names_duplicates_and_unknown():
         make_rewards(["format", "format"])
 
 
-def test_token_f1():
-    assert token_f1("Madrid and Prague", "madrid; prague") == 1.0
-    assert token_f1("madrid", "madrid; prague") == pytest.approx(2 * 1 * 0.5 / 1.5)
-    assert token_f1("oslo", "madrid") == 0.0
-
-
 @pytest.fixture(scope="module")
 def small_world():
     from tider.data.synth import generate
@@ -113,35 +109,41 @@ def _gold_json(q, g="day"):
 
 
 def test_evidence_coverage_and_answer_span_use_the_real_store(small_world):
-    from tider.types import NON_TEMPORAL, WindowPrediction
-
+    """Gold windows must retrieve more evidence than the semantic channel alone on the
+    crowded synthetic data (that gap is what the locator is trained to close), and the
+    rewards must see it: oracle completions score higher than non-temporal ones."""
     ds, store = small_world
-    queries = [q for q in ds.queries if q.gold.temporal and q.gold.evidence_ids][:6]
-    completions, golds = zip(*(_gold_json(q) for q in queries))
-    completions = list(completions) + [GARBAGE, NO_TIME]
-    qs = queries + queries[:2]
-    ctx = RewardContext(dataset=ds, store=store, k=20)
+    k = 5
+    queries = [q for q in ds.queries if q.gold.temporal and q.gold.evidence_ids][:12]
+    oracle_completions, golds = zip(*(_gold_json(q) for q in queries))
+    n = len(queries)
+    completions = list(oracle_completions) + [NO_TIME] * n + [GARBAGE]
+    qs = queries + queries + queries[:1]
+    ctx = RewardContext(dataset=ds, store=store, k=k)
     out, logged, _ = _call(
-        ["evidence_coverage", "answer_span"], completions, [list(g) for g in golds] + [list(golds[0]), list(golds[1])],
+        ["evidence_coverage", "answer_span"], completions, [list(g) for g in golds] * 2 + [list(golds[0])],
         [True] * len(qs), ctx=ctx, query_key=[q.key for q in qs], memory_key=[q.memory_key for q in qs],
         evidence_ids=[list(q.gold.evidence_ids) for q in qs], answer=[q.gold.answer for q in qs],
     )
-    for q, value in zip(queries, out["evidence_coverage"]):
-        oracle = WindowPrediction(True, tuple(q.gold.windows))
-        assert value == pytest.approx(store.coverage(q.public(), oracle, 20, gold_ids=q.gold.evidence_ids))
-    assert out["evidence_coverage"][-2] == 0.0  # malformed -> 0
-    semantic = store.coverage(qs[-1].public(), NON_TEMPORAL, 20, gold_ids=qs[-1].gold.evidence_ids)
-    assert out["evidence_coverage"][-1] == pytest.approx(semantic)
+    oracle, semantic = out["evidence_coverage"][:n], out["evidence_coverage"][n:2 * n]
+    # Each value is the share of gold evidence among the ids the store retrieves for that prediction.
+    for q, value in zip(queries, oracle):
+        ids = store.retrieve(q.public(), WindowPrediction(True, tuple(q.gold.windows)), k)[0].tolist()
+        assert value == pytest.approx(len(set(q.gold.evidence_ids) & set(ids)) / len(q.gold.evidence_ids))
+    assert sum(oracle) / n > sum(semantic) / n + 0.2
+    assert any(o == 1.0 and s < 1.0 for o, s in zip(oracle, semantic))
+    assert out["evidence_coverage"][-1] == 0.0 and out["answer_span"][-1] == 0.0  # malformed -> 0
     assert logged["parse/no_json"] == pytest.approx(1 / len(qs))
-    # answer_span: when the oracle retrieves all evidence and the evidence text holds every
-    # answer token, the proxy must be 1.
-    for q, cov, span in zip(queries, out["evidence_coverage"], out["answer_span"]):
+    # answer_span: all evidence retrieved and every answer token in the evidence text -> 1.
+    full = 0
+    for q, cov, span in zip(queries, oracle, out["answer_span"][:n]):
         memory = ds.memories[q.memory_key]
-        evidence_tokens = set(R._tokens(" ".join(memory[i].text for i in q.gold.evidence_ids)))
+        evidence_tokens = set(answer_tokens(" ".join(memory[i].text for i in q.gold.evidence_ids)))
         assert 0.0 <= span <= 1.0
-        if cov == 1.0 and set(R._tokens(q.gold.answer)) <= evidence_tokens:
+        if cov == 1.0 and set(answer_tokens(q.gold.answer)) <= evidence_tokens:
             assert span == 1.0
-    assert out["answer_span"][-2] == 0.0
+            full += 1
+    assert full > 0
 
 
 def test_answer_correct_memoizes_reader_calls(small_world, tiny_qwen3_dir):
@@ -202,6 +204,4 @@ def test_reader_that_is_not_up_fails_fast_with_its_url():
                                reader_wait_timeout=2.0)
     with pytest.raises(TimeoutError, match=url.replace(".", r"\.")):
         reader_client(args)
-    with pytest.raises(ValueError, match="reader_base_url"):
-        reader_client(GRPOScriptArguments(reward_funcs=["answer_correct"], reader_model="r"))
     assert reader_client(GRPOScriptArguments(reward_funcs=["format"])) is None

@@ -72,7 +72,8 @@ def test_untrained_model_fails_typed_and_falls_back(export_dir):
 
     from tider.llm.backends import LocalHFBackend
     from tider.llm.client import LLMClient
-    from tider.locator.endpoint import NO_THINKING, ChatWindowSource
+    from tider.locator.chat_source import ChatWindowSource
+    from tider.locator.contract import NO_THINKING
     from tider.types import NON_TEMPORAL, Memory, Message, Query
 
     class Timeline:

@@ -93,7 +93,8 @@ def local_predictions(exported_locator, synthetic_slice):
 
     from tider.llm.backends import LocalHFBackend
     from tider.llm.client import LLMClient
-    from tider.locator.endpoint import NO_THINKING, ChatWindowSource
+    from tider.locator.chat_source import ChatWindowSource
+    from tider.locator.contract import NO_THINKING
 
     meta = json.loads((exported_locator / "tider_locator.json").read_text())
     backend = LocalHFBackend(str(exported_locator), dtype="float32", batch_size=1, chat_template_kwargs=NO_THINKING)
@@ -105,10 +106,10 @@ def local_predictions(exported_locator, synthetic_slice):
 
 
 def test_served_greedy_equals_local_greedy(server, synthetic_slice, local_predictions):
-    from tider.locator.endpoint import make_endpoint_locator
+    from tider.locator.trained import make_served_locator
 
     queries, store = synthetic_slice
-    source = make_endpoint_locator(server.base_url, structured="none")
+    source = make_served_locator(server.base_url, structured="none")
     assert source.top_k == 4 and source.max_prompt_tokens == 256  # the training prompt, from tider_locator.json
     preds, texts, _ = _predict(source, queries, store)
     local_preds, local_texts, local_failures = local_predictions
@@ -119,10 +120,10 @@ def test_served_greedy_equals_local_greedy(server, synthetic_slice, local_predic
 
 
 def test_structured_output_keeps_valid_greedy_and_fixes_the_rest(server, synthetic_slice, local_predictions):
-    from tider.locator.endpoint import make_endpoint_locator
+    from tider.locator.trained import make_served_locator
 
     queries, store = synthetic_slice
-    source = make_endpoint_locator(server.base_url)  # response_format json_schema
+    source = make_served_locator(server.base_url)  # response_format json_schema
     preds, texts, failures = _predict(source, queries, store)
     local_preds, local_texts, local_failures = local_predictions
     for i, local_failure in enumerate(local_failures):

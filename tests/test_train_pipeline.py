@@ -2,7 +2,7 @@
 on a small synthetic benchmark (a locally built tiny Qwen3, few steps). Checks that
 parameters change in both stages, that every configured reward is logged as
 ``rewards/<name>/mean``, that GRPO resumes from its checkpoint, and that the checkpoint
-reloads as the ``locator`` window source."""
+reloads as the ``locator`` window source with its training prompt settings."""
 
 from __future__ import annotations
 
@@ -25,10 +25,12 @@ def _weights(folder: Path) -> dict:
     return load_file(str(folder / "model.safetensors"))
 
 
-def _changed(a: dict, b: dict) -> bool:
+def _unchanged(before: dict, after: dict) -> list[str]:
+    """Parameters training left as they were (TRL's tests require every one to change)."""
     import torch
 
-    return any(not torch.equal(a[k].float(), b[k].float()) for k in a if k in b)
+    assert set(before) == set(after), set(before) ^ set(after)
+    return [name for name in before if torch.equal(before[name].float(), after[name].float())]
 
 
 def _log_history(run: Path) -> list[dict]:
@@ -48,7 +50,7 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
                  "--output_dir", str(sft), "--max_steps", "150", "--save_steps", "150", "--logging_steps", "50",
                  "--tiny_hidden_size", "64", "--tiny_num_layers", "2", "--tiny_num_heads", "2",
                  "--tiny_vocab_size", "1024", "--learning_rate", "3e-3", *DATA]) == 0
-    assert _changed(_weights(base), _weights(sft))
+    assert _unchanged(_weights(base), _weights(sft)) == []
     sft_losses = [h["loss"] for h in _log_history(sft) if "loss" in h]
     assert sft_losses[-1] < sft_losses[0]
 
@@ -57,7 +59,7 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
     grpo_args = ["grpo", "--config", str(ROOT / "configs/grpo/tiny-cpu.yaml"), "--model_name_or_path", str(sft),
                  "--output_dir", str(grpo), "--save_steps", "3", "--use_vllm", "false", *DATA]
     assert main([*grpo_args, "--max_steps", "3"]) == 0
-    assert _changed(_weights(sft), _weights(grpo))
+    assert _unchanged(_weights(sft), _weights(grpo)) == []
     history = _log_history(grpo)
     recipe = yaml.safe_load((ROOT / "configs/grpo/tiny-cpu.yaml").read_text())
     for name in recipe["reward_funcs"]:
@@ -70,19 +72,27 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
     steps = [h["step"] for h in _log_history(grpo) if "loss" in h]
     assert steps == [1, 2, 3, 4]
 
-    # The checkpoint reloads as the locator window source.
+    # The checkpoint reloads as the locator window source, prompted with the settings it
+    # was trained with (4 timeline lines); each completion is what the parser makes of it.
     from tider.data.synth import generate
+    from tider.locator.contract import LocatorMetadata
+    from tider.locator.parse import parse_prediction
     from tider.locator.sources import make_source
     from tider.retrieval.store import RetrievalStore
-    from tider.types import WindowPrediction
+    from tider.types import NON_TEMPORAL
 
-    meta = json.loads((grpo / "tider_locator.json").read_text())
-    assert meta["granularity"] == "day" and meta["timeline_top_k"] == 4
+    meta = LocatorMetadata.read(grpo)
+    assert meta.granularity == "day" and meta.timeline_top_k == 4 and meta.max_prompt_tokens == 384
+    assert meta.timeline["theta_sem"] == 0.35 and meta.embedding_model == "sentence-transformers/all-MiniLM-L6-v2"
     ds = generate(600, seed=0, n_conversations=3)
     store = RetrievalStore(ds)
-    source = make_source("locator", model=str(grpo))
+    source = make_source("locator", model=str(grpo), store=store)
+    assert (source.top_k, source.max_prompt_tokens) == (4, 384)
     queries = ds.queries[:4]
-    preds = source.predict_batch([q.public() for q in queries], [ds.memories[q.memory_key] for q in queries],
-                                 [store.timeline(q.memory_key) for q in queries])
-    assert len(preds) == 4 and all(isinstance(p, WindowPrediction) for p in preds)
-    assert sum(source.failures.values()) == sum(o.failure is not None for o in source.last_outcomes)
+    memories = [ds.memories[q.memory_key] for q in queries]
+    preds = source.predict_batch([q.public() for q in queries], memories, [store.timeline(q.memory_key) for q in queries])
+    for pred, outcome, memory in zip(preds, source.last_outcomes, memories):
+        assert outcome.messages[1]["content"].count("\n[") <= 4  # at most K timeline lines
+        parsed = parse_prediction(outcome.text, granularity="day", memory_span=memory.span)
+        assert outcome.failure == (parsed.failure.value if parsed.failure else None)
+        assert pred == (parsed.prediction if parsed.ok else NON_TEMPORAL)

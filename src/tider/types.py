@@ -180,6 +180,9 @@ class Dataset:
         return self.memories[query.memory_key]
 
 
+WINDOW_BUCKETS = ("0", "1", "2", ">=3")  # gold-window-count buckets, in report order
+
+
 def window_bucket(n_windows: int) -> str:
-    """Gold-window-count bucket used in reports and DAR: "0", "1", "2", ">=3"."""
+    """Gold-window-count bucket used in reports and DAR: one of ``WINDOW_BUCKETS``."""
     return str(n_windows) if n_windows < 3 else ">=3"

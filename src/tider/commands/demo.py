@@ -72,7 +72,9 @@ def _train(stage: str, recipe: Path, out: Path, model: str | None, data_args: li
 
 
 def _trained(folder: Path) -> bool:
-    return (folder / "tider_locator.json").exists() and any(folder.glob("*.safetensors"))
+    from tider.locator.contract import METADATA_FILE
+
+    return (folder / METADATA_FILE).exists() and any(folder.glob("*.safetensors"))
 
 
 def run(args) -> int:
@@ -177,11 +179,12 @@ def _serve_and_compare(args, dataset, data_path, export_dir: Path, out: Path, dt
     from contextlib import nullcontext
 
     from tider.eval.compare import CompareConfig, run_compare
+    from tider.locator.contract import LocatorMetadata
     from tider.retrieval.config import RetrievalConfig
     from tider.train.examples import split_keys
 
-    meta = json.loads((export_dir / "tider_locator.json").read_text())
-    memory_keys = None if args.split == "all" else split_keys(dataset.memories, seed=meta.get("split_seed", 0))[args.split]
+    meta = LocatorMetadata.read(export_dir)
+    memory_keys = None if args.split == "all" else split_keys(dataset.memories, seed=meta.split_seed or 0)[args.split]
     t0 = _banner("6/7", "serve the export with vLLM" if not args.no_serve else "locator via local transformers")
     if args.no_serve:
         server, options = nullcontext(), {"locator": {"model": str(export_dir)}}

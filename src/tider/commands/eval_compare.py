@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import argparse
 
-from tider.commands.window_options import add_window_source_options, require_options_for, window_source_options
+from tider.commands.eval_options import (add_window_source_options, require_options_for, split_csv,
+                                         window_source_options)
 
 
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def register_compare(eval_subparsers) -> None:
+def register(eval_subparsers) -> None:
     p = eval_subparsers.add_parser("compare", help="the locator against every learning-free window source (+ oracle)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", required=True, help="dataset loader name (locomo, longmemeval, jsonl, synthetic)")
@@ -43,8 +40,6 @@ def register_compare(eval_subparsers) -> None:
     qa.add_argument("--no-thinking", action="store_true", help="enable_thinking=false for Qwen3 readers")
     p.set_defaults(func=run)
 
-
-register = register_compare
 
 
 def rich_table(comparison: dict):
@@ -79,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     dataset = load_dataset(args.dataset, args.path)
     memory_keys = None if args.split == "all" else split_keys(dataset.memories, seed=args.split_seed)[args.split]
     config = CompareConfig(
-        baselines=_csv(args.baselines), source_options=options, oracle=not args.no_oracle,
-        ks=[int(k) for k in _csv(args.k)], exclude_categories=_csv(args.exclude_categories),
+        baselines=split_csv(args.baselines), source_options=options, oracle=not args.no_oracle,
+        ks=[int(k) for k in split_csv(args.k)], exclude_categories=split_csv(args.exclude_categories),
         memory_keys=memory_keys, limit=args.limit, retrieval=load_retrieval_config(args.config, args.semantic))
     qa = None
     if args.reader:

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from tider.commands.window_options import add_window_source_options, require_options_for, window_source_options
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
+from tider.commands.eval_options import (add_window_source_options, require_options_for, split_csv,
+                                         window_source_options)
 
 
 def register(subparsers) -> None:
@@ -57,11 +54,8 @@ def register(subparsers) -> None:
     p.add_argument("--until", default="judge", choices=["retrieve", "select", "structure", "compress", "answer", "judge"],
                    help="last stage to run (compress: context statistics, no reader needed)")
     p.add_argument("--overwrite", action="store_true", help="discard earlier records in --out and start over")
-    add_window_source_options(p)  # --locator-url/--locator-model/--prompted-url/--prompted-model
+    add_window_source_options(p)  # --locator-url/-model/-meta, --prompted-url/-model
     p.set_defaults(func=run)
-
-
-register_qa = register
 
 
 def _client(spec, model, args, cache_path):
@@ -106,14 +100,14 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cache = str(out / "llm_cache.sqlite")
     dataset = load_dataset(args.dataset, args.path)
-    limits = {k: int(v) for k, v in (item.split("=") for item in _csv(args.max_tokens or ""))}
+    limits = {k: int(v) for k, v in (item.split("=") for item in split_csv(args.max_tokens or ""))}
     unknown = set(limits) - {"select", "structure", "answer", "judge"}
     if unknown:
         raise SystemExit(f"--max-tokens: unknown stage(s) {sorted(unknown)}; known: select, structure, answer, judge")
     config = QAConfig(
-        windows=_csv(args.windows), contexts=_csv(args.context), k=args.k, top_n=args.top_n, budget=args.budget,
+        windows=split_csv(args.windows), contexts=split_csv(args.context), k=args.k, top_n=args.top_n, budget=args.budget,
         compression=args.compression, classifier=args.classifier, selection=not args.no_selection, limit=args.limit,
-        memory_keys=_csv(args.memories) if args.memories else None, exclude_categories=_csv(args.exclude_categories),
+        memory_keys=split_csv(args.memories) if args.memories else None, exclude_categories=split_csv(args.exclude_categories),
         retrieval=load_retrieval_config(args.config, None), source_options=window_source_options(args),
         answer_temperature=args.answer_temperature, judge_temperature=args.judge_temperature, seed=args.seed, until=args.until,
         **{f"{k}_max_tokens": v for k, v in limits.items()},

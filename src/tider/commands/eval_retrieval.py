@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from tider.commands.window_options import add_window_source_options, require_options_for, window_source_options
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
+from tider.commands.eval_options import (add_window_source_options, require_options_for, split_csv,
+                                         window_source_options)
 
 
 def register(subparsers) -> None:
@@ -28,7 +25,7 @@ def register(subparsers) -> None:
                    help="evaluate only the memories of this conversation-level split (tider.train.examples.split_keys)")
     p.add_argument("--limit", type=int, default=None, help="first N eligible queries (smoke runs)")
     p.add_argument("--overwrite", action="store_true", help="discard earlier records in --out and start over")
-    add_window_source_options(p)  # --locator-url/--locator-model/--prompted-url/--prompted-model
+    add_window_source_options(p)  # --locator-url/-model/-meta, --prompted-url/-model
     p.set_defaults(func=run)
 
 
@@ -65,11 +62,11 @@ def run(args: argparse.Namespace) -> int:
     from tider.eval.retrieval import RetrievalEvalConfig, run_retrieval_eval
 
     dataset = load_dataset(args.dataset, args.path)
-    memory_keys = _csv(args.memories) if args.memories else None
+    memory_keys = split_csv(args.memories) if args.memories else None
     if args.split:
         memory_keys = split_memory_keys(memory_keys or dataset.memories, args.split)
     config = RetrievalEvalConfig(
-        methods=_csv(args.windows), ks=[int(k) for k in _csv(args.k)], exclude_categories=_csv(args.exclude_categories),
+        methods=split_csv(args.windows), ks=[int(k) for k in split_csv(args.k)], exclude_categories=split_csv(args.exclude_categories),
         memory_keys=memory_keys, limit=args.limit, retrieval=load_retrieval_config(args.config, args.semantic),
         source_options=window_source_options(args))
     require_options_for(config.methods, config.source_options)

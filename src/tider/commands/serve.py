@@ -97,34 +97,36 @@ def make_server(args):
     )
 
 
-def check_request(base_url: str, model: str, granularity: str, api_key: str | None) -> dict:
-    """One real locator request through the served model: prompt, schema, parse."""
+def check_request(base_url: str, model: str, meta, api_key: str | None) -> dict:
+    """One real locator request through the served model (prompted with the export's
+    ``tider_locator.json`` settings): prompt, schema, parse."""
     from datetime import datetime
 
-    from tider.locator.endpoint import endpoint_client, predict_batch
+    from tider.locator.chat_source import endpoint_client, predict_batch
+    from tider.locator.contract import NO_THINKING
+    from tider.retrieval.timeline import TimelineEntry
     from tider.types import Query
-
-    class Entry:
-        def __init__(self, start, end, summary):
-            self.start, self.end, self.summary = start, end, summary
 
     query = Query(key="serve-check", memory_key="m", text="When did Alice go to the book club?",
                   asked_at=datetime(2023, 6, 1), user="Bob")
-    entries = [Entry(datetime(2023, 5, 7), datetime(2023, 5, 8), "Alice went to a book club."),
-               Entry(datetime(2023, 3, 2), datetime(2023, 3, 2), "Bob repainted the office.")]
-    client = endpoint_client(base_url, model=model, api_key=api_key)
+    entries = [TimelineEntry(datetime(2023, 5, 7), datetime(2023, 5, 8), (0, 1), "Alice went to a book club."),
+               TimelineEntry(datetime(2023, 3, 2), datetime(2023, 3, 2), (2,), "Bob repainted the office.")]
+    granularity = meta.granularity or "day"
+    template_kwargs = NO_THINKING if meta.chat_template_kwargs is None else meta.chat_template_kwargs
+    client = endpoint_client(base_url, model=model, api_key=api_key, chat_template_kwargs=template_kwargs)
     [outcome] = predict_batch(client, [(query, entries)], granularity)
     return {"raw": outcome.text, "prediction": outcome.prediction_json(granularity), "failure": outcome.failure}
 
 
 def run(args) -> int:
-    from tider.train.export import ExportError, load_locator_metadata
+    from tider.locator.contract import LocatorContractError, LocatorMetadata
+    from tider.train.export import load_locator_metadata
 
-    granularity = "day"
+    meta = LocatorMetadata()  # --skip-check: not a tider export, the prompt defaults
     if not args.skip_check:
         try:
-            granularity = load_locator_metadata(args.model)["granularity"]
-        except ExportError as exc:
+            meta = load_locator_metadata(args.model)
+        except LocatorContractError as exc:
             print(f"tider serve: {exc}", file=sys.stderr)
             return 2
     server = make_server(args)
@@ -143,7 +145,7 @@ def run(args) -> int:
         server.start()
         print(f"serving {args.model} as {server.model_name!r} at {server.base_url} (log {server.log_path})", flush=True)
         if args.check_request:
-            print(json.dumps(check_request(server.base_url, server.model_name, granularity, server.api_key), indent=2))
+            print(json.dumps(check_request(server.base_url, server.model_name, meta, server.api_key), indent=2))
             return 0
         server.process.wait()
         print(f"vLLM exited with code {server.process.returncode}; log {server.log_path}", file=sys.stderr)

@@ -31,6 +31,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Iterable, Optional
 
+from tider.scoring import merge_intervals
 from tider.types import GRANULARITY_UNIT, Granularity, Window, floor_time
 
 DEFAULT_MERGE_GAP: dict[str, timedelta] = {"day": timedelta(days=1), "minute": timedelta(minutes=60)}
@@ -58,12 +59,7 @@ def gold_windows(
     units = sorted({floor_time(ts, granularity) for ts in evidence_timestamps})
     if non_temporal or not units:
         return False, ()
-    groups: list[list[datetime]] = [[units[0], units[0]]]
-    for unit in units[1:]:
-        if unit - groups[-1][1] <= gap:
-            groups[-1][1] = unit
-        else:
-            groups.append([unit, unit])
+    groups = merge_intervals(((unit, unit) for unit in units), gap=gap)
     if max_windows is not None and len(groups) > max_windows:
         return False, ()
     return True, tuple(unit_window(first, last, granularity) for first, last in groups)

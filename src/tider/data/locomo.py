@@ -10,10 +10,16 @@ Decisions and quirks handled (each has a test in ``tests/test_data_locomo.py``):
   ``stats["sessions_without_turns"]``).
 - Evidence is resolved by looking up the ``dia_id`` in the conversation, never by
   taking the D-number as a session index. Entries are split on ``;``, ``,`` and
-  whitespace (``"D8:6; D9:17"``); ``"D:11:26"`` is repaired to ``"D11:26"`` (counted in
-  ``stats["repaired_evidence"]``); refs that still match no turn (``"D"``, a turn that
-  does not exist) are dropped, kept in ``Gold.unresolved_evidence`` and counted in
-  ``stats["unresolved_evidence"]``. Never fatal.
+  whitespace (``"D8:6; D9:17"``). Irregular refs seen in LoCoMo-format releases are
+  resolved when they are unambiguous, each kind counted in ``stats["evidence_quirks"]``:
+  ``"D:11:26"`` -> ``D11:26`` (``repaired_colon``, also ``stats["repaired_evidence"]``),
+  ``"D5:3."`` -> ``D5:3`` (``trailing_punctuation``), ``"D13:45:D20:19"`` -> both refs
+  (``joined_refs``), ``"D12:3-D12:5"`` or ``"D12:3-5"`` -> every turn 3 to 5 of D12
+  (``range``). What stays ambiguous or matches no turn is dropped, kept in
+  ``Gold.unresolved_evidence``, counted in ``stats["unresolved_evidence"]`` and by kind in
+  ``stats["unresolved_by_kind"]``: ``bare_number`` (``"14"``: a turn of which dialogue?),
+  ``cross_dialogue_range`` (``"D3:7-D4:2"``), ``no_such_turn`` (a well-formed ref the
+  conversation lacks, or a range end past it) and ``malformed`` (``"D"``). Never fatal.
 - Image turns: the BLIP caption is appended as ``[image: caption]``.
 - Answers: integers become strings. Category 5 (adversarial) has no true answer in the
   data, only the trap ``adversarial_answer``: ``Gold.answer`` is the LoCoMo evaluation's
@@ -43,6 +49,8 @@ SESSION_TIME_FORMATS = ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%I:%M
 TURN_TIME_FORMATS = ("%d.%m.%Y, %H:%M:%S", "%d.%m.%Y, %H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S")
 _SESSION_KEY = re.compile(r"session_(\d+)")
 _EVIDENCE_REF = re.compile(r"D:?(\d+):(\d+)", re.IGNORECASE)
+_JOINED_REFS = re.compile(r"D(\d+):(\d+):D(\d+):(\d+)", re.IGNORECASE)
+_RANGE = re.compile(r"D(\d+):(\d+)-(?:D(\d+):)?(\d+)", re.IGNORECASE)
 
 
 def read_json(path: Path):
@@ -108,24 +116,48 @@ def _messages(conversation: dict, sample: str, path: Path, stats: Counter) -> li
     return messages
 
 
+def _refs(token: str) -> tuple[list[str], str, Optional[str]]:
+    """``(dia_ids, quirk, unresolved kind)`` for one evidence token (see the module docstring)."""
+    stripped = token.strip(".;:,()[]")
+    quirk = "trailing_punctuation" if stripped != token else ""
+    if match := _EVIDENCE_REF.fullmatch(stripped):
+        ref = f"D{match.group(1)}:{match.group(2)}"
+        return [ref], quirk or ("repaired_colon" if ref != stripped else ""), None
+    if match := _JOINED_REFS.fullmatch(stripped):
+        return [f"D{match.group(1)}:{match.group(2)}", f"D{match.group(3)}:{match.group(4)}"], "joined_refs", None
+    if match := _RANGE.fullmatch(stripped):
+        dialogue, first, other, last = match.group(1), int(match.group(2)), match.group(3), int(match.group(4))
+        if (other is not None and other != dialogue) or last < first:
+            return [], "", "cross_dialogue_range"
+        return [f"D{dialogue}:{turn}" for turn in range(first, last + 1)], "range", None
+    return [], "", "bare_number" if stripped.isdigit() else "malformed"
+
+
 def resolve_evidence(entries: Iterable, memory: Memory, stats: Counter) -> tuple[list[int], list[str]]:
     """Message ids for LoCoMo evidence entries, and the raw refs that match no turn."""
     ids: list[int] = []
     unresolved: list[str] = []
+    quirks, kinds = stats.setdefault("evidence_quirks", Counter()), stats.setdefault("unresolved_by_kind", Counter())
     for entry in entries:
-        tokens = [t for t in re.split(r"[;,\s]+", str(entry).strip()) if t]
+        # "D12:3 - D12:5" is one range, not three tokens.
+        tokens = [t for t in re.split(r"[;,\s]+", re.sub(r"\s*-\s*", "-", str(entry).strip())) if t]
         stats["split_evidence"] += len(tokens) > 1
         if not tokens:
             unresolved.append(str(entry))
+            kinds["malformed"] += 1
         for token in tokens:
-            match = _EVIDENCE_REF.fullmatch(token)
-            ref = f"D{match.group(1)}:{match.group(2)}" if match else token
-            found = memory.id_of(ref)
-            if found is None:
+            refs, quirk, kind = _refs(token)
+            found = [memory.id_of(ref) for ref in refs]
+            if kind is None and (not found or found[0] is None or found[-1] is None):
+                kind = "no_such_turn"  # a ref, or a range end, the conversation does not have
+            if kind is not None:
                 unresolved.append(token)
+                kinds[kind] += 1
                 continue
-            stats["repaired_evidence"] += ref != token
-            ids.append(found)
+            if quirk:
+                quirks[quirk] += 1
+                stats["repaired_evidence"] += quirk == "repaired_colon"
+            ids.extend(i for i in found if i is not None)
     return sorted(set(ids)), unresolved
 
 
@@ -184,4 +216,5 @@ def load_locomo(
                 adversarial_answer=None if adversarial is None else str(adversarial),
             )
             queries.append(Query(f"{sample_id}:q{index:04d}", sample_id, str(question), asked_at, None, category, gold))
-    return Dataset("locomo", granularity, memories, queries, dict(sorted(stats.items())))
+    stats = {k: dict(sorted(v.items())) if isinstance(v, Counter) else v for k, v in sorted(stats.items())}
+    return Dataset("locomo", granularity, memories, queries, stats)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tider.types import Dataset, window_bucket
+from tider.types import WINDOW_BUCKETS, Dataset, window_bucket
 
-BUCKETS = ("0", "1", "2", ">=3")
 
 
 def _category_order(name: str):
@@ -27,7 +26,7 @@ def dataset_stats(dataset: Dataset) -> dict:
         "messages": sum(len(m) for m in dataset.memories.values()),
         "queries": len(dataset.queries),
         "by_category": {k: by_category[k] for k in sorted(by_category, key=_category_order)},
-        "by_window_bucket": {b: by_bucket.get(b, 0) for b in BUCKETS},
+        "by_window_bucket": {b: by_bucket.get(b, 0) for b in WINDOW_BUCKETS},
         "temporal_queries": sum(q.gold.temporal for q in dataset.queries),
         "unresolved_evidence": sum(len(q.gold.unresolved_evidence) for q in dataset.queries),
         "loader": extra,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from tider.eval.retrieval import DEFAULT_EXCLUDE, RetrievalEvalConfig, run_retrieval_eval
+from tider.eval.stats import mcnemar_markdown
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset
 
@@ -151,12 +152,9 @@ def markdown(comparison: dict) -> str:
                   "| metric | none | locator | oracle | captured |", "|---|---|---|---|---|"]
         lines += [f"| {k} | {_f(v['none'])} | {_f(v['locator'])} | {_f(v['oracle'])} | {_f(v['captured'])} |"
                   for k, v in gap.items()]
-    tests = comparison["mcnemar"]["locator_vs"]
-    if tests:
-        lines += ["", f"## Exact McNemar, locator vs each learning-free baseline ({comparison['mcnemar']['metric']})", "",
-                  "b = locator hits and the baseline misses, c = the reverse.", "",
-                  "| baseline | b | c | p |", "|---|---|---|---|"]
-        lines += [f"| {x} | {v['b']} | {v['c']} | {v['p']:.3g} |" for x, v in tests.items()]
+    lines += mcnemar_markdown(
+        f"Exact McNemar, locator vs each learning-free baseline ({comparison['mcnemar']['metric']})", "baseline",
+        comparison["mcnemar"]["locator_vs"], "b = locator hits and the baseline misses, c = the reverse.")
     for title, key in (("By category", "by_category"), ("By gold-window bucket", "by_bucket")):
         groups = list(dict.fromkeys(g for per in comparison[key].values() for g in per))
         metric = f"recall@{comparison['k_main']}"
@@ -171,14 +169,14 @@ def markdown(comparison: dict) -> str:
 
 def plot(comparison: dict, path: str | Path) -> Path:
     """Grouped bars per method: recall@k for each k, window IoU and switch accuracy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A bare Figure renders to a file without pyplot, so the caller's backend (a notebook's)
+    # is left as it is.
+    from matplotlib.figure import Figure
 
     methods = comparison["methods"]
     metrics = [f"recall@{k}" for k in comparison["ks"]] + ["window_iou", "switch_acc"]
-    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(methods)), 4))
+    fig = Figure(figsize=(max(7, 1.3 * len(methods)), 4))
+    ax = fig.subplots()
     width = 0.8 / len(metrics)
     for i, metric in enumerate(metrics):
         ax.bar([j + i * width for j in range(len(methods))],
@@ -191,7 +189,6 @@ def plot(comparison: dict, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 

@@ -27,7 +27,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Iterable, Optional, Sequence
 
-from tider.eval.answer_metrics import normalize_answer
+from tider.scoring import normalize_answer
 from tider.types import Gold, Memory, Query
 
 UNCHECKABLE_ANSWERS = frozenset({"yes", "no", "true", "false", "none", "not", "ok"})

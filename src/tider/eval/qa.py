@@ -27,14 +27,15 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
-from tider.eval.answer_metrics import answer_f1
+from tider import scoring
 from tider.eval.leakage import LeakageValidator
 from tider.eval.runner import Stage, StageRunner, file_hash, fingerprint_of
 from tider.forest.compress import IDF, compress_forest, truncate_to_budget, whitespace_tokens
 from tider.forest.linearize import forest_rows, render_flat, render_forest, rows_to_json
-from tider.forest.prompts import READER_SYSTEM, judge_messages, parse_verdict, prompt_hash, reader_messages
-from tider.forest.select import select_evidence, selection_prompts
-from tider.forest.structure import Forest, LLMRelationClassifier, build_forest, make_classifier, structuring_tasks
+from tider.forest.prompts import (READER_SYSTEM, SELECTION_SYSTEM, STRUCTURING_SYSTEM, judge_messages, parse_verdict,
+                                 prompt_hash, reader_messages, render_message)
+from tider.forest.select import select_evidence
+from tider.forest.structure import Forest, LLMRelationClassifier, build_forest, make_classifier
 from tider.llm.jsonout import strip_think
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset, Query, Window, window_bucket
@@ -67,7 +68,7 @@ class QAConfig:
     seed: int = 0
     until: str = "judge"  # last stage to run: compress = context statistics without a reader
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    # Options of model-backed window sources, e.g. {"locator": {"url": ...}} (tider.commands.window_options).
+    # Options of model-backed window sources, e.g. {"locator": {"url": ...}} (tider.commands.eval_options).
     source_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -131,10 +132,10 @@ class QARun:
         def run(query: Query) -> dict:
             public = query.public()  # nothing on the inference path sees gold
             memory, timeline = self.store.memory(query.memory_key), self.store.timeline(query.memory_key)
-            self._check_locator_prompt(source, query, timeline)
 
             def call() -> dict:
                 pred = source.predict(public, memory, timeline)
+                self._check_locator_prompt(source, query, timeline)
                 ids, scores = self.store.retrieve(public, pred, self.config.k)
                 # Exact window bounds too: a day-granularity rendering loses the end of day.
                 exact = [[w.start.isoformat(), w.end.isoformat()] for w in pred.windows] if pred.temporal else []
@@ -146,21 +147,18 @@ class QARun:
         return Stage(f"retrieve-{window_name}", run)
 
     def _check_locator_prompt(self, source, query: Query, timeline) -> None:
-        """Rebuild the locator prompt a chat-backed source sends and run the leak check on it:
-        the timeline entries and the question block are its allowed (public) parts."""
-        from tider.locator.endpoint import ChatWindowSource
-
-        if not isinstance(source, ChatWindowSource) or timeline is None:
+        """Leak-check the prompt a chat-backed source just sent; its allowed (public) parts are
+        the question block and the lines of the timeline entries it was given."""
+        outcomes = getattr(source, "last_outcomes", None)
+        if not outcomes or not outcomes[-1].messages:
             return
-        from tider.locator.prompt import entry_line, question_block, build_messages
+        from tider.locator.prompt import entry_line, question_block, system_prompt
 
-        g, public = self.dataset.granularity, query.public()
-        entries = timeline.top_k(public.text, source.top_k)
-        messages = build_messages(public, entries, g, tokenizer=source.tokenizer,
-                                  max_prompt_tokens=source.max_prompt_tokens, top_k=source.top_k)
-        self.validator.check_prompt(query, "locator", messages,
+        g, public, sent = self.dataset.granularity, query.public(), outcomes[-1].messages
+        entries = timeline.top_k(public.text, source.top_k) if timeline is not None else []
+        self.validator.check_prompt(query, "locator", sent,
                                     allowed_parts=[question_block(public, g)] + [entry_line(e, g) for e in entries],
-                                    template_text=messages[0]["content"])
+                                    template_text=system_prompt(g))
 
     def select_stage(self, w: str) -> Stage:
         retrieved = self.records[f"retrieve-{w}"]
@@ -175,22 +173,28 @@ class QARun:
             public, memory = query.public(), self.store.memory(query.memory_key)
             sim, _ = self.store.similarity(public, mode="dense")  # T-Mem: embedding preselection
             similarity = lambda text, ids: sim[list(ids)]
-            for _, cands, messages in selection_prompts(public, memory, windows, similarity, self.config.top_n):
-                # Allowed: candidate lines (retrieval output) and the window line (window-source output).
-                block = [line for line in messages[1]["content"].splitlines()
-                         if line.startswith(("[Msg_", "Topic-time window:"))]
-                self.validator.check_prompt(query, "select", messages, allowed_parts=block,
-                                            template_text=messages[0]["content"])
 
             def call() -> dict:
                 result = select_evidence(public, memory, seeds, windows, self.selector, similarity,
                                          self.config.top_n, self.config.select_max_tokens)
+                self._check_selection_prompts(query, memory, windows, result)
                 return {"ids": result.ids, "windows": [asdict(x) for x in result.windows], "errors": result.errors,
                         "invalid_ids": sum(x.invalid_ids for x in result.windows)}
 
             return _spent(self.selector, "select", call)
 
         return Stage(f"select-{w}", run, retry_if=lambda rec: rec["errors"] > 0)
+
+    def _check_selection_prompts(self, query: Query, memory, windows, result) -> None:
+        """Leak-check the selection prompts as sent. Allowed: each window's line (window-source
+        output) and its candidate messages, which must lie inside the predicted windows."""
+        g = self.dataset.granularity
+        in_windows = {i for w in windows for i in range(*memory.id_range(w))}
+        for sel, sent in zip(result.windows, result.prompts):
+            allowed = [render_message(memory[i], g) for i in sel.candidates]
+            allowed.append(f"Topic-time window: {sel.window['start']} .. {sel.window['end']}")
+            self.validator.check_prompt(query, "select", sent, allowed_parts=allowed, context_ids=sel.candidates,
+                                        produced_ids=in_windows, template_text=SELECTION_SYSTEM)
 
     def structure_stage(self, w: str) -> Stage:
         selected = self.records[f"select-{w}"]
@@ -201,13 +205,12 @@ class QARun:
             msgs = [memory[i] for i in selected[query.key]["ids"]]
 
             def call() -> dict:
-                if isinstance(self.classifier, LLMRelationClassifier):
-                    _, tasks = structuring_tasks(msgs)
-                    for messages in self.classifier.prompts(public.text, public.user, tasks, g):
-                        block = [l for l in messages[1]["content"].splitlines() if l.startswith("[Msg_")]
-                        self.validator.check_prompt(query, "structure", messages, allowed_parts=block,
-                                                    template_text=messages[0]["content"])
                 forest, judgements = build_forest(public.text, public.user, msgs, self.classifier, g)
+                # Allowed in the prompts as sent: the selected messages (retrieval/selection output).
+                allowed = [render_message(m, g) for m in msgs]
+                for sent in (j.prompt for j in judgements if j.prompt):
+                    self.validator.check_prompt(query, "structure", sent, allowed_parts=allowed,
+                                                template_text=STRUCTURING_SYSTEM)
                 return {"forest": forest.to_json(), "classifier": self.classifier.name,
                         "errors": sum(j.error is not None for j in judgements), "pairs": len(judgements)}
 
@@ -286,7 +289,7 @@ class QARun:
             adversarial = str(query.category) in ("5", "adversarial")
             gold_answer = ADVERSARIAL_GOLD if adversarial else (gold.answer or "")
             base = {"category": str(query.category), "bucket": window_bucket(len(gold.windows)),
-                    "f1": answer_f1(rec["answer"], gold.answer, query.category)}
+                    "f1": scoring.answer_f1(rec["answer"], gold.answer, query.category)}
             if rec["error"] is not None or not rec["answer"]:
                 return {**base, "correct": False, "verdict": None, "error": "no_answer", "llm": {}}
 
@@ -336,11 +339,7 @@ class QARun:
         self.records[stage.name] = runner.run(stage, queries, key=key, progress=progress, fingerprint=fingerprint)
         (runner.out_dir / "leaks.json").write_text(json.dumps([l.to_json() for l in self.validator.leaks], indent=1))
         self.validator.raise_if_leaks()
-        failed = runner.errors(stage.name)
-        if failed:
-            first = next(iter(failed.items()))
-            raise RuntimeError(f"{stage.name}: {len(failed)} queries failed (e.g. {first[0]}: {first[1]}); "
-                               f"rerun to retry them, see {runner.stage_path(stage.name)}")
+        runner.raise_if_failed(stage.name)
 
 
 def _t(text: str):

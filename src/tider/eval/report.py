@@ -8,16 +8,14 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from tider.eval.metrics import aggregate
-from tider.eval.stats import pairwise_mcnemar
-
-BUCKETS = ("0", "1", "2", ">=3")
-
+from tider.eval.stats import mcnemar_markdown, pairwise_mcnemar
+from tider.types import WINDOW_BUCKETS
 
 def _grouped(records: Mapping[str, dict], field: str, ks) -> dict:
     groups = defaultdict(list)
     for r in records.values():
         groups[r[field]].append(r)
-    order = BUCKETS if field == "bucket" else sorted(groups)
+    order = WINDOW_BUCKETS if field == "bucket" else sorted(groups)
     return {g: aggregate(groups[g], ks) for g in order if g in groups}
 
 
@@ -57,24 +55,20 @@ def markdown(report: dict) -> str:
             cells = [f"{per[g].get('recall@20', 0):.3f} / {per[g].get('hit_all@20', 0):.3f} / {per[g]['n']}" if g in per
                      else "-" for g in groups]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    pairs = report["mcnemar"]["pairs"]
-    if pairs:
-        lines += ["", f"## Exact McNemar on {report['mcnemar']['metric']}", "",
-                  "b = first method hits and second misses, c = the reverse.", "",
-                  "| pair | b | c | p |", "|---|---|---|---|"]
-        lines += [f"| {p} | {v['b']} | {v['c']} | {v['p']:.3g} |" for p, v in pairs.items()]
+    lines += mcnemar_markdown(f"Exact McNemar on {report['mcnemar']['metric']}", "pair", report["mcnemar"]["pairs"],
+                              "b = first method hits and second misses, c = the reverse.")
     return "\n".join(lines) + "\n"
 
 
 def plot(report: dict, out_dir: str | Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A bare Figure renders to a file without pyplot, so the caller's backend (a notebook's)
+    # is left as it is.
+    from matplotlib.figure import Figure
 
     out_dir = Path(out_dir)
     ks = report["ks"]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for m, row in report["methods"].items():
         ax.plot(ks, [row[f"recall@{k}"] for k in ks], marker="o", label=m)
     ax.set_xlabel("k"), ax.set_ylabel("evidence recall@k"), ax.set_xscale("log"), ax.set_xticks(ks, [str(k) for k in ks])
@@ -82,21 +76,20 @@ def plot(report: dict, out_dir: str | Path) -> list[Path]:
     fig.tight_layout()
     curves = out_dir / "recall_at_k.png"
     fig.savefig(curves, dpi=120)
-    plt.close(fig)
 
     methods = list(report["by_bucket"])
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     width = 0.8 / max(len(methods), 1)
     for i, m in enumerate(methods):
         per = report["by_bucket"][m]
-        ax.bar([b + i * width for b in range(len(BUCKETS))], [per.get(g, {}).get("recall@20", 0.0) for g in BUCKETS],
+        ax.bar([b + i * width for b in range(len(WINDOW_BUCKETS))], [per.get(g, {}).get("recall@20", 0.0) for g in WINDOW_BUCKETS],
                width, label=m)
-    ax.set_xticks([b + 0.4 - width / 2 for b in range(len(BUCKETS))], [f"{g} windows" for g in BUCKETS])
+    ax.set_xticks([b + 0.4 - width / 2 for b in range(len(WINDOW_BUCKETS))], [f"{g} windows" for g in WINDOW_BUCKETS])
     ax.set_ylabel("evidence recall@20"), ax.legend(fontsize=8), ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     bars = out_dir / "recall_by_bucket.png"
     fig.savefig(bars, dpi=120)
-    plt.close(fig)
     return [curves, bars]
 
 

@@ -18,7 +18,7 @@ from typing import Sequence
 from tider.eval.metrics import query_metrics
 from tider.eval.report import build_report, write_report
 from tider.eval.runner import Stage, StageRunner, file_hash
-from tider.eval.scoring import switch_correct, window_iou
+from tider.scoring import switch_correct, window_iou
 from tider.retrieval.config import SEMANTIC_MODES, RetrievalConfig
 from tider.types import Dataset, Query, window_bucket
 
@@ -34,7 +34,7 @@ class RetrievalEvalConfig:
     limit: int | None = None  # first N eligible queries (smoke runs)
     mcnemar_k: int = 20
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    # Options of model-backed sources, e.g. {"locator": {"url": ...}} (tider.commands.window_options).
+    # Options of model-backed sources, e.g. {"locator": {"url": ...}} (tider.commands.eval_options).
     source_options: dict = field(default_factory=dict)
 
 
@@ -119,11 +119,7 @@ def run_retrieval_eval(dataset: Dataset, config: RetrievalEvalConfig, out_dir: s
     for method in config.methods:
         stage = make_stage(method, store, context, config.ks, dataset.granularity)
         records[method] = runner.run(stage, queries, key=lambda q: q.key, progress=progress)
-        failed = runner.errors(stage.name)
-        if failed:
-            first = next(iter(failed.items()))
-            raise RuntimeError(f"{stage.name}: {len(failed)} queries failed (e.g. {first[0]}: {first[1]}); "
-                               f"rerun to retry them, see {runner.stage_path(stage.name)}")
+        runner.raise_if_failed(stage.name)
     report = build_report(records, config.ks, config.mcnemar_k)
     report["n_queries"] = len(queries)
     report["dataset"] = dataset.name

@@ -19,7 +19,7 @@ flushed one by one, so a SIGKILL loses at most the record being written, and the
 
 ``<out>/manifest.json`` holds the run's config, package versions and data hash; a
 restart with a different manifest refuses to mix results (pass ``overwrite=True`` to
-start over). Engineer C's QA stages and E's compare reuse this runner.
+start over). ``tider eval retrieval``, ``eval qa`` and ``eval compare`` all run on it.
 """
 
 from __future__ import annotations
@@ -160,3 +160,11 @@ class StageRunner:
         """Keys whose latest line is an exception (``partial`` records are not errors)."""
         return {k: row.get("error", "") for k, row in read_records(self.stage_path(name)).items()
                 if row.get("status") == "error"}
+
+    def raise_if_failed(self, name: str) -> None:
+        """Stop the run when a stage left errors: later stages would build on missing records."""
+        failed = self.errors(name)
+        if failed:
+            key, error = next(iter(failed.items()))
+            raise RuntimeError(f"{name}: {len(failed)} queries failed (e.g. {key}: {error}); "
+                               f"rerun to retry them, see {self.stage_path(name)}")

@@ -26,3 +26,11 @@ def pairwise_mcnemar(outcomes: Mapping[str, Sequence[bool]]) -> dict[str, dict]:
     """McNemar for every pair of systems; keys ``"A vs B"``. Outcome lists must be aligned."""
     return {f"{x} vs {y}": {"a": x, "b_system": y, **mcnemar_exact(outcomes[x], outcomes[y])}
             for x, y in combinations(list(outcomes), 2)}
+
+
+def mcnemar_markdown(title: str, first_column: str, tests: Mapping[str, dict], orientation: str) -> list[str]:
+    """A report section: ``title``, what b and c mean (``orientation``), one row per test."""
+    if not tests:
+        return []
+    lines = ["", f"## {title}", "", orientation, "", f"| {first_column} | b | c | p |", "|---|---|---|---|"]
+    return lines + [f"| {name} | {v['b']} | {v['c']} | {v['p']:.3g} |" for name, v in tests.items()]

@@ -13,9 +13,12 @@ the retained span tokens sum to at most B; a node's last remaining span is never
 omitted, so every node keeps its metadata, relation and >= 1 span. When the mandatory
 spans alone exceed B, the result says ``over_budget`` instead of breaking an invariant.
 
-The budget counts span tokens (the sum in the paper's budget condition), not the
-per-node metadata the linearizer adds. ``truncate_to_budget`` is the "w/o compression"
-ablation: plain truncation of the serialized context.
+``compress_forest`` bounds the span tokens (the sum in the paper's budget condition) by
+the budget it is given, not the per-node metadata the linearizer adds. The QA pipeline
+(``tider.eval.qa``) makes B cover the whole serialized forest: it passes B minus the
+metadata tokens and tightens that span budget until the linearized text fits B.
+``truncate_to_budget`` is the "w/o compression" ablation: plain truncation of the
+serialized context.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from tider.forest.lexical import IDF, units
+from tider.forest.lexical import IDF, STOPWORDS, units
 from tider.forest.structure import STATE_CHANGE_CUES, Forest
+from tider.text import words
 
 TokenCounter = Callable[[str], int]
 
@@ -64,10 +68,11 @@ def split_spans(text: str, max_words: int = 25) -> list[str]:
 
 
 def query_entities(question: str) -> set[str]:
-    """Capitalised words after the first (names, places) and numbers of the question."""
-    words = re.findall(r"[A-Za-z0-9][\w'-]*", question)
-    caps = {w.lower() for w in words[1:] if w[0].isupper()}
-    return (caps | {w for w in words if w.isdigit()}) - {"i"}
+    """Capitalised words after the first (names, places) and numbers of the question, as
+    lexical units (so they match ``units`` of a span)."""
+    found = words(question, lower=False)
+    caps = {w.lower() for w in found[1:] if w[0].isupper()}
+    return (caps | {w for w in found if w.isdigit()}) - STOPWORDS
 
 
 @dataclass

@@ -1,23 +1,25 @@
 """Lexical units shared by the heuristic relation classifier and span compression:
-lower-cased alphanumeric words without stop words, and the smoothed IDF of Eq. 6."""
+``tider.text.words`` without stop words, and the smoothed IDF of Eq. 6."""
 
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from typing import Iterable
 
-_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+from tider.text import words
+
 STOPWORDS = frozenset(
     "a an and are as at be been but by did do does for from had has have he her him his how i if in into is it its "
     "me my no not of on or our she so than that the their them then there they this to too us was we were what "
     "when where which who why will with would you your yes just also about up out very can could should".split()
+    # what is left of a contraction ("it's", "don't", "I'm") once the apostrophe splits it
+    + "s t m d ll re ve".split()
 )
 
 
 def units(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower()) if w not in STOPWORDS}
+    return set(words(text, stopwords=STOPWORDS))
 
 
 class IDF:

@@ -40,6 +40,11 @@ def render_message(m: Message, granularity: Granularity) -> str:
     return f"[{msg_id(m.id)}] ({', '.join(meta)}) {m.text}"
 
 
+def question_head(question: str, asking_user: Optional[str]) -> str:
+    """The lines every forest prompt opens with: who asks, and what."""
+    return f"Asking user: {asking_user or 'unknown'}\nQuestion: {question}\n"
+
+
 def prompt_hash(*parts: str) -> str:
     return hashlib.sha256("\n\x00".join(parts).encode()).hexdigest()[:16]
 
@@ -85,10 +90,7 @@ SELECTION_SCHEMA = {
 def selection_messages(question: str, asking_user: Optional[str], window_text: str, candidates: Sequence[Message],
                        granularity: Granularity) -> list[dict]:
     lines = "\n".join(render_message(m, granularity) for m in candidates)
-    user = (
-        f"Asking user: {asking_user or 'unknown'}\nQuestion: {question}\n"
-        f"Topic-time window: {window_text}\nCandidate messages:\n{lines}"
-    )
+    user = f"{question_head(question, asking_user)}Topic-time window: {window_text}\nCandidate messages:\n{lines}"
     return [{"role": "system", "content": SELECTION_SYSTEM}, {"role": "user", "content": user}]
 
 
@@ -137,11 +139,8 @@ STRUCTURING_SCHEMA = {
 def structuring_messages(question: str, asking_user: Optional[str], child: Message, candidates: Sequence[Message],
                          granularity: Granularity) -> list[dict]:
     parents = "\n".join(render_message(m, granularity) for m in candidates)
-    user = (
-        f"Asking user: {asking_user or 'unknown'}\nQuestion: {question}\n"
-        f"Later child message:\n{render_message(child, granularity)}\n"
-        f"Earlier candidate parents:\n{parents}"
-    )
+    user = (f"{question_head(question, asking_user)}Later child message:\n{render_message(child, granularity)}\n"
+            f"Earlier candidate parents:\n{parents}")
     return [{"role": "system", "content": STRUCTURING_SYSTEM}, {"role": "user", "content": user}]
 
 
@@ -168,7 +167,7 @@ READER_SYSTEM = {"flat": READER_SYSTEM_FLAT, "forest": READER_SYSTEM_FOREST}
 def reader_user_prompt(question: str, asking_user: Optional[str]) -> tuple[str, str]:
     """(head, tail) of the shared user template; the context goes between them. Kept
     apart so the leakage validator can check the instruction parts on their own."""
-    head = f"Asking user: {asking_user or 'unknown'}\nQuestion: {question}\nRetrieved conversation passages:\n"
+    head = f"{question_head(question, asking_user)}Retrieved conversation passages:\n"
     tail = "\nAnswer the question using only the retrieved conversation passages above."
     return head, tail
 

@@ -35,6 +35,7 @@ class WindowSelection:
 class SelectionResult:
     ids: list[int]  # R'(q): seeds first (rank order), then selected ids by time
     windows: list[WindowSelection] = field(default_factory=list)
+    prompts: list[list[dict]] = field(default_factory=list)  # as sent, one per entry of ``windows``
 
     @property
     def errors(self) -> int:
@@ -87,4 +88,4 @@ def select_evidence(query: Query, memory: Memory, seeds: Sequence[int], windows:
         selected_all.update(chosen)
     seeds = list(dict.fromkeys(seeds))
     extra = sorted(selected_all - set(seeds))
-    return SelectionResult(seeds + extra, per_window)
+    return SelectionResult(seeds + extra, per_window, [p for _, _, p in prompts])

@@ -91,6 +91,7 @@ class Judgement:
     scored: list[tuple[int, str, float]]  # (parent id, relation, confidence)
     error: Optional[str] = None
     raw: Optional[str] = None
+    prompt: Optional[list[dict]] = None  # the messages sent, for an LLM classifier
 
 
 class RelationClassifier:
@@ -159,9 +160,9 @@ class LLMRelationClassifier(RelationClassifier):
         results = self.client.chat_batch(batch, stage="structure", json_schema=STRUCTURING_SCHEMA,
                                          max_tokens=self.max_tokens)
         out = []
-        for (child, cands), result in zip(tasks, results):
+        for (child, cands), result, prompt in zip(tasks, results, batch):
             if result.parsed_json is None:
-                out.append(Judgement([], error=result.error or "no_json", raw=result.text))
+                out.append(Judgement([], error=result.error or "no_json", raw=result.text, prompt=prompt))
                 continue
             scored = []
             for choice in result.parsed_json.get("choices", []):
@@ -174,7 +175,7 @@ class LLMRelationClassifier(RelationClassifier):
                     confidence = 0.0
                 if pid is not None and relation in ("UPDATE", "EXPAND", "ROOT"):
                     scored.append((pid, relation, confidence))
-            out.append(Judgement(scored, raw=result.text))
+            out.append(Judgement(scored, raw=result.text, prompt=prompt))
         return out
 
 

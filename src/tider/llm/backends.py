@@ -26,6 +26,74 @@ class StructuredOutputRejected(RuntimeError):
     """The server refused a structured-output request (we then retry as plain text)."""
 
 
+def api_key_from_env(api_key_env: str = "TIDER_API_KEY") -> str:
+    """The key in ``$api_key_env``, else ``$OPENAI_API_KEY``, else ``EMPTY`` (vLLM without a key)."""
+    return os.environ.get(api_key_env) or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+
+
+def served_models(base_url: str, *, api_key: Optional[str] = None, api_key_env: str = "TIDER_API_KEY",
+                  timeout: float = 30.0) -> list[dict]:
+    """``/v1/models`` entries: ``id``, and for vLLM ``root`` (the folder or Hub id it serves)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key=api_key or api_key_from_env(api_key_env), timeout=timeout,
+                    max_retries=2)
+    listed = client.models.list().data
+    if not listed:
+        raise ValueError(f"server {base_url} lists no models; pass the model name")
+    return [m.model_dump() for m in listed]
+
+
+class ServedTokenizer:
+    """The served model's own tokenizer through vLLM's ``POST /tokenize``, for counting a
+    prompt's tokens on a client that has no copy of the model folder.
+
+    It answers the two calls ``tider.locator.prompt.build_messages`` makes of a Hugging Face
+    tokenizer, with the same defaults: ``tokenizer(text)["input_ids"]`` (special tokens
+    added) and ``apply_chat_template(messages, tokenize=True, add_generation_prompt=True)``
+    (the server renders its chat template). Counts of texts are memoised: timeline lines
+    repeat across the queries of a memory.
+    """
+
+    chat_template = "served"  # truthy: the server applies the model's chat template
+
+    def __init__(self, base_url: str, model: str, *, api_key: Optional[str] = None, timeout: float = 30.0):
+        root = base_url.rstrip("/")
+        self.url = (root[: -len("/v1")] if root.endswith("/v1") else root) + "/tokenize"
+        self.model = model
+        self.timeout = timeout
+        self._headers = {"Authorization": f"Bearer {api_key or api_key_from_env()}"}
+        self._texts: dict[str, list[int]] = {}
+
+    def _tokens(self, body: dict) -> list[int]:
+        import httpx
+
+        response = httpx.post(self.url, json={"model": self.model, **body}, headers=self._headers, timeout=self.timeout)
+        response.raise_for_status()
+        return list(response.json()["tokens"])
+
+    def available(self) -> bool:
+        """Whether the server has the endpoint (vLLM does; most hosted APIs do not)."""
+        import httpx
+
+        try:
+            self._tokens({"prompt": "probe"})
+        except (httpx.HTTPError, KeyError, ValueError):
+            return False
+        return True
+
+    def __call__(self, text: str) -> dict:
+        if text not in self._texts:
+            self._texts[text] = self._tokens({"prompt": text, "add_special_tokens": True})
+        return {"input_ids": self._texts[text]}
+
+    def apply_chat_template(self, messages: Messages, *, tokenize: bool = True, add_generation_prompt: bool = True,
+                            **_ignored) -> list[int]:
+        if not tokenize:
+            raise ValueError("ServedTokenizer counts tokens; it does not render chat templates to text")
+        return self._tokens({"messages": list(messages), "add_generation_prompt": add_generation_prompt})
+
+
 class OpenAIBackend:
     """Chat completions against an OpenAI-compatible server.
 
@@ -50,7 +118,7 @@ class OpenAIBackend:
             raise ValueError(f"unknown structured-output mode {structured!r}; known: {', '.join(STRUCTURED_MODES)}")
         from openai import OpenAI
 
-        key = api_key or os.environ.get(api_key_env) or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        key = api_key or api_key_from_env(api_key_env)
         self.base_url = base_url
         self.model = model
         self.structured = structured

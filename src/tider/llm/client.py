@@ -13,6 +13,7 @@ evidence selector, relation classifier, reader, judge).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from tider.llm.cache import LLMCache, cache_key
 from tider.llm.jsonout import parse_json_object
 
 Messages = Sequence[dict]
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,6 +55,7 @@ class StageUsage:
     attempts: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    batch_fallbacks: int = 0  # batched local generations that failed and were redone one by one
 
 
 class LLMClient:
@@ -218,8 +221,12 @@ class LLMClient:
                     [batch[i] for i in misses], json_schema=json_schema, schema_name=stage, **settings
                 )
                 firsts = dict(zip(misses, completions))
-            except Exception:
-                firsts = {}  # fall back to one-by-one calls, which record their own errors
+            except (RuntimeError, ValueError) as exc:  # e.g. out of memory on a long batch; a bug still raises
+                # One by one instead: each call retries and records its own error.
+                logger.warning("%s: batched generation of %d prompts failed (%s: %s); generating one by one",
+                               stage, len(misses), type(exc).__name__, str(exc)[:200])
+                with self._lock:
+                    self._usage.setdefault(stage, StageUsage()).batch_fallbacks += 1
         return [
             self.chat(m, stage=stage, json_schema=json_schema, check=check, _first=firsts.get(i), **settings)
             for i, m in enumerate(batch)
@@ -240,19 +247,10 @@ def make_client(
 ) -> LLMClient:
     """``spec`` is an OpenAI-compatible base URL (``http://host:port/v1``) or a local
     checkpoint path. For a URL without ``model`` the server's first listed model is used."""
-    from tider.llm.backends import LocalHFBackend, OpenAIBackend
+    from tider.llm.backends import LocalHFBackend, OpenAIBackend, served_models
 
     if spec.startswith(("http://", "https://")):
-        if model is None:
-            import os
-
-            from openai import OpenAI
-
-            key = os.environ.get(api_key_env) or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-            listed = OpenAI(base_url=spec, api_key=key, timeout=timeout, max_retries=2).models.list().data
-            if not listed:
-                raise ValueError(f"server {spec} lists no models; pass the model name")
-            model = listed[0].id
+        model = model or served_models(spec, api_key_env=api_key_env)[0]["id"]
         backend = OpenAIBackend(
             spec, model, api_key_env=api_key_env, timeout=timeout, structured=structured,
             chat_template_kwargs=chat_template_kwargs,

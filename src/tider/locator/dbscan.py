@@ -29,6 +29,7 @@ import numpy as np
 from tider.locator.sources import BaseSource, register_source
 from tider.retrieval.channels import EPOCH, to_days
 from tider.retrieval.config import DBSCANConfig
+from tider.scoring import merge_intervals
 from tider.types import NON_TEMPORAL, Memory, Query, Window, WindowPrediction
 
 PAPER = DBSCANConfig()  # DBSCANConfig defaults are the paper's values in days
@@ -61,16 +62,6 @@ def dbscan_windows(seed_days: np.ndarray, seed_topics: list, config: DBSCANConfi
     return kept
 
 
-def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
-    for lo, hi in sorted(spans):
-        if merged and lo <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    return [(a, b) for a, b in merged]
-
-
 def _from_days(d: float):
     # Round to the microsecond so a window edge equal to a message time contains it.
     return EPOCH + timedelta(microseconds=round(d * 86400e6))
@@ -97,7 +88,7 @@ class DBSCANWindows(BaseSource):
         if not clusters:
             return NON_TEMPORAL
         pad = self.config.pad_days
-        spans = _merge([(lo - pad, hi + pad) for lo, hi, _, _ in clusters])
+        spans = merge_intervals([(lo - pad, hi + pad) for lo, hi, _, _ in clusters])
         return WindowPrediction(temporal=True, windows=tuple(Window(_from_days(a), _from_days(b)) for a, b in spans))
 
 

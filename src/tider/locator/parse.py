@@ -24,7 +24,7 @@ from typing import Optional
 import jsonschema
 from dateutil.parser import isoparse
 
-from tider.locator.prompt import MAX_WINDOWS, OUTPUT_SCHEMA
+from tider.locator.contract import MAX_WINDOWS, OUTPUT_SCHEMA
 from tider.types import GRANULARITY_UNIT, Granularity, Window, WindowPrediction, floor_time
 
 

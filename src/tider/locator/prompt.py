@@ -1,5 +1,5 @@
-"""The locator's input and output contract, shared by training, local generation and
-serving (engineer E reuses ``build_messages``, ``OUTPUT_SCHEMA`` and ``PROMPT_VERSION``).
+"""The locator prompt, byte-identical for training, local generation and serving
+(``tider.locator.contract`` holds its version and the output schema).
 
 Input (TIDER Sec. 3): system instructions, then the question with its ``asked_at`` time
 and asking user, then the top-K (default 30) timeline entries as ``[start .. end] summary``
@@ -16,16 +16,13 @@ optionally after ``<think>...</think>``; ``tider.locator.parse`` reads it back.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Protocol, Sequence
 
+from tider.locator.contract import MAX_WINDOWS
 from tider.types import Granularity, Query, format_time
 
-# Bump when the prompt text or output contract changes: caches and manifests key on it.
-PROMPT_VERSION = "locator-v1"
 DEFAULT_TOP_K = 30
 DEFAULT_MAX_PROMPT_TOKENS = 2048
-MAX_WINDOWS = 8
 
 SYSTEM_PROMPT = """You are a temporal interval locator for a conversational memory.
 Given a question, the time it was asked, and a timeline of events from the memory,
@@ -39,27 +36,6 @@ Times use the format of the timeline ({time_format}). A window is inclusive; sta
 Give at most {max_windows} windows."""
 
 TIME_FORMATS = {"day": "YYYY-MM-DD", "minute": "YYYY-MM-DDTHH:MM"}
-
-# Kept free of regex patterns and conditionals so every structured-output backend
-# (vLLM xgrammar/guidance, OpenAI) accepts it; the parser checks dates and consistency.
-OUTPUT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "temporal": {"type": "boolean"},
-        "windows": {
-            "type": "array",
-            "maxItems": MAX_WINDOWS,
-            "items": {
-                "type": "object",
-                "properties": {"start": {"type": "string"}, "end": {"type": "string"}},
-                "required": ["start", "end"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    "required": ["temporal", "windows"],
-    "additionalProperties": False,
-}
 
 
 class TimelineEntryLike(Protocol):
@@ -143,10 +119,3 @@ def build_messages(
             "tokens even without timeline entries"
         )
     return messages
-
-
-def prompt_hash(granularity: Granularity) -> str:
-    """Short hash of the system prompt + schema, for run manifests."""
-    blob = system_prompt(granularity) + repr(sorted(OUTPUT_SCHEMA.items())) + PROMPT_VERSION
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-

@@ -8,7 +8,7 @@ Interface (``WindowSource``): ``name``, ``predict(query, memory, timeline)``, op
 Registry: ``@register_source("name")`` on a class or factory; ``make_source(name, **kw)``
 builds one (unknown names fail with the list of known ones). Sources living in other
 packages are imported lazily on first use: add one line to ``LAZY_SOURCES``
-(name -> module that registers it), e.g. ``"locator": "tider.locator.policy"``, so
+(name -> module that registers it), e.g. ``"locator": "tider.locator.trained"``, so
 ``tider --help`` and this module never import torch/vLLM.
 
 Evaluation-only sources (``oracle``) carry ``evaluation_only = True``; anything that
@@ -50,18 +50,17 @@ class BaseSource:
         return [self.predict(q, m, t) for q, m, t in zip(queries, memories, timelines)]
 
 
-# name -> module that registers it when imported (kept lazy: heavy deps, other owners).
+# name -> module that registers it when imported (kept lazy: these import torch or an HTTP client).
 LAZY_SOURCES: dict[str, str] = {
     "dbscan-paper": "tider.locator.dbscan",
     "dbscan-tuned": "tider.locator.dbscan",
     "dbscan": "tider.locator.dbscan",
-    "locator": "tider.locator.policy",
-    "prompted": "tider.locator.prompted",
+    "locator": "tider.locator.trained",
+    "prompted": "tider.locator.chat_source",
 }
 SOURCES: Registry[Callable[..., WindowSource]] = Registry("window source", lazy=LAZY_SOURCES)
 register_source = SOURCES.register  # class/factory decorator; a duplicate name is an error
 known_sources = SOURCES.known
-
 
 
 def make_source(name: str, **kwargs) -> WindowSource:

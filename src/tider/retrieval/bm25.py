@@ -17,15 +17,14 @@ as JSON (rank-bm25 is rebuilt from it on load).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from tider.text import words
 from tider.types import Message
 
-_TOKEN = re.compile(r"(?u)\b\w\w+\b")
 BACKENDS = ("bm25s", "rank_bm25")
 
 
@@ -36,8 +35,8 @@ def _stopwords() -> frozenset[str]:
 
 
 def tokenize(text: str, stopwords: frozenset[str] | None = None) -> list[str]:
-    stop = _stopwords() if stopwords is None else stopwords
-    return [t for t in _TOKEN.findall(text.lower()) if t not in stop]
+    """BM25 terms: ``tider.text.words`` of 2+ characters, English stop words removed."""
+    return words(text, stopwords=_stopwords() if stopwords is None else stopwords, min_chars=2)
 
 
 def expand_message(message: Message, fields: Iterable[str] = ("speaker", "channel", "phase", "topic", "role")) -> str:

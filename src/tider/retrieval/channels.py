@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tider.scoring import merge_intervals
 from tider.types import Window
 
 EPOCH = datetime(1970, 1, 1)
@@ -80,15 +81,7 @@ def id_ranges(ts_days: np.ndarray, windows: np.ndarray, buffer_days: float = 0.0
     (same convention as ``Memory.id_range``), merged where they overlap."""
     lo = np.searchsorted(ts_days, windows[:, 0] - buffer_days, side="left")
     hi = np.searchsorted(ts_days, windows[:, 1] + buffer_days, side="right")
-    merged: list[list[int]] = []
-    for a, b in sorted(zip(lo.tolist(), hi.tolist())):
-        if b <= a:
-            continue
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return [(a, b) for a, b in merged]
+    return merge_intervals((a, b) for a, b in zip(lo.tolist(), hi.tolist()) if b > a)
 
 
 def ids_in_ranges(ranges: Sequence[tuple[int, int]]) -> np.ndarray:

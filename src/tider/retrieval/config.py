@@ -30,8 +30,10 @@ class TimelineConfig:
     cluster holds fewer than ``cap`` members.
 
     Default ``theta_sem=0.35`` with centroid similarity, not the paper's 0.85: measured on
-    LoCoMo dev with MiniLM, 0.85 yields one cluster per turn (~5.9k entries for 7
-    conversations, useless as a K=30 prompt); see README "Timeline" for the sweep.
+    LoCoMo dev with MiniLM (``bench/sweep_timeline.py``), 0.85 yields one cluster per turn
+    (4,110 entries for the 4,124 messages of 7 conversations, useless as a K=30 prompt),
+    0.35 yields 405 (58 per conversation). K itself is a prompt setting (the recipes'
+    ``timeline_top_k``, recorded in the locator's metadata).
     """
 
     delta_date_days: float = 7.0
@@ -39,7 +41,6 @@ class TimelineConfig:
     cap: int = 40
     similarity: Literal["centroid", "max"] = "centroid"
     summary_words: int = 16  # extractive summary length budget (keeps K=30 prompts short)
-    top_k: int = 30  # K: entries handed to the locator prompt
 
 
 @dataclass

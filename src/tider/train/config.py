@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from tider.hardware import resolve_dtype
+from tider.types import WINDOW_BUCKETS
 
 
 @dataclass
@@ -57,7 +58,7 @@ class GRPOScriptArguments(LocatorScriptArguments):
     dar_factor_3plus: float = 4.0
     retrieval_k: int = field(default=20, metadata={"help": "k for evidence_coverage / answer rewards (TIDER: 20)."})
     proximity_tau: float = field(default=7.0, metadata={"help": "proximity reward scale, in granularity units."})
-    reader_model: Optional[str] = field(default=None, metadata={"help": "Reader model for answer_correct (OpenAI-compatible)."})
+    reader_model: Optional[str] = field(default=None, metadata={"help": "Reader for answer_correct: the served model name with reader_base_url, else a local checkpoint."})
     reader_base_url: Optional[str] = field(default=None, metadata={"help": "Reader endpoint for answer_correct."})
     reader_wait_timeout: float = field(
         default=300.0, metadata={"help": "Seconds to wait for the reader endpoint at start-up before failing with a clear error."})
@@ -68,7 +69,8 @@ class GRPOScriptArguments(LocatorScriptArguments):
 
     @property
     def dar_factors(self) -> dict[str, float]:
-        return {"0": self.dar_factor_0, "1": self.dar_factor_1, "2": self.dar_factor_2, ">=3": self.dar_factor_3plus}
+        factors = (self.dar_factor_0, self.dar_factor_1, self.dar_factor_2, self.dar_factor_3plus)
+        return dict(zip(WINDOW_BUCKETS, factors))
 
 
 def sft_parser():

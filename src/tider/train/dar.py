@@ -17,32 +17,31 @@ import random
 from collections import Counter
 from typing import Mapping, Optional, Sequence
 
-from tider.types import window_bucket
+from tider.types import WINDOW_BUCKETS, window_bucket
 
 logger = logging.getLogger(__name__)
 
-BUCKETS = ("0", "1", "2", ">=3")
 DEFAULT_DAR_FACTORS: dict[str, float] = {"0": 10.0, "1": 1.0, "2": 1.0, ">=3": 4.0}
 
 
 def _check(factors: Mapping[str, float]) -> dict[str, float]:
-    unknown = set(factors) - set(BUCKETS)
+    unknown = set(factors) - set(WINDOW_BUCKETS)
     if unknown:
-        raise ValueError(f"unknown DAR bucket(s) {sorted(unknown)}; known buckets: {list(BUCKETS)}")
+        raise ValueError(f"unknown DAR bucket(s) {sorted(unknown)}; known buckets: {list(WINDOW_BUCKETS)}")
     if any(v < 0 for v in factors.values()):
         raise ValueError(f"DAR factors must be non-negative, got {dict(factors)}")
-    return {b: float(factors.get(b, 1.0)) for b in BUCKETS}
+    return {b: float(factors.get(b, 1.0)) for b in WINDOW_BUCKETS}
 
 
 def effective_probabilities(n_gold_windows: Sequence[int], factors: Mapping[str, float] = DEFAULT_DAR_FACTORS) -> dict[str, float]:
     """Per-bucket sampling probability after reweighting (sums to 1 over present buckets)."""
     f = _check(factors)
     counts = Counter(window_bucket(n) for n in n_gold_windows)
-    mass = {b: counts.get(b, 0) * f[b] for b in BUCKETS}
+    mass = {b: counts.get(b, 0) * f[b] for b in WINDOW_BUCKETS}
     total = sum(mass.values())
     if total == 0:
         raise ValueError("DAR: no training prompt has a positive weight")
-    return {b: mass[b] / total for b in BUCKETS}
+    return {b: mass[b] / total for b in WINDOW_BUCKETS}
 
 
 def dar_resample(

@@ -12,13 +12,15 @@
   ``model.safetensors``; those are detected and refused rather than exported as garbage.
 
 The export folder holds safetensors, tokenizer (+ chat template), generation config and
-``tider_locator.json`` — prompt version, output schema, granularity, training-data hash —
-which ``tider serve`` and the ``locator`` window source check before use, so a model is
-never served behind a prompt it was not trained on.
+``tider_locator.json`` (``tider.locator.contract.LocatorMetadata``: training's prompt and
+timeline settings, plus the export's dtype and layout), which ``tider serve`` and the
+``locator`` window source check before use, so a model is never served behind a prompt it
+was not trained on.
 
 The export is verified by reloading it and comparing, on fixed prompts, the logits
 (max abs difference reported) and the greedy continuations (must be identical) against
-the source model held in memory (for LoRA: the unmerged PeftModel).
+a reference loaded on its own from the checkpoint (for LoRA: the unmerged PeftModel), so
+whatever export does to the model it writes cannot also change what it is compared with.
 """
 
 from __future__ import annotations
@@ -26,15 +28,21 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
+from tider.locator.contract import (
+    GRANULARITIES,
+    METADATA_FILE,
+    TOKENIZER_FILES,
+    LocatorContractError,
+    LocatorMetadata,
+    check_export_folder,
+)
+
 logger = logging.getLogger(__name__)
 
-METADATA_FILE = "tider_locator.json"
-METADATA_FORMAT = 1
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 # Fixed verification prompts: locator-shaped questions, no dataset needed. Short, so the
@@ -48,7 +56,7 @@ VERIFY_PROMPTS = (
 )
 
 
-class ExportError(ValueError):
+class ExportError(LocatorContractError):
     """A checkpoint cannot be exported, or an export folder is not a usable locator."""
 
 
@@ -186,12 +194,11 @@ def load_source(checkpoint: Path, *, layout: str, dtype_name: str = "auto", base
     if layout == "full":
         check_weights_not_empty(checkpoint)
         dtype = _torch_dtype(dtype_name, AutoConfig.from_pretrained(checkpoint))
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
-        return model, model, checkpoint
+        load = lambda: AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
+        return load(), load(), checkpoint
     if layout == "zero3":
         dtype = _torch_dtype(dtype_name, AutoConfig.from_pretrained(checkpoint))
-        model = _load_zero3(checkpoint, dtype)
-        return model, model, checkpoint
+        return _load_zero3(checkpoint, dtype), _load_zero3(checkpoint, dtype), checkpoint
     raise ExportError(f"unknown checkpoint layout {layout!r}; known: lora, full, zero3")
 
 
@@ -202,90 +209,33 @@ def _has_tokenizer(folder: Path) -> bool:
 # --------------------------------------------------------------------------- metadata
 
 
-def find_training_metadata(checkpoint: Path) -> dict:
-    """``tider_locator.json`` written by training, in the checkpoint or its run folder."""
-    for folder in (checkpoint, checkpoint.parent):
-        path = folder / METADATA_FILE
-        if path.exists():
-            return _read_metadata_file(path)
-    return {}
-
-
-def _read_metadata_file(path: Path) -> dict:
+def build_metadata(training: Optional[LocatorMetadata], *, granularity: Optional[str], data_hash: Optional[str],
+                   layout: str, dtype: str, checkpoint: Path) -> LocatorMetadata:
+    """Training's ``tider_locator.json`` (prompt and timeline settings travel with the export:
+    the serving side must rebuild exactly the training prompt) plus what export adds."""
+    where = f"{checkpoint}/{METADATA_FILE}"
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ExportError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ExportError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def current_prompt_contract() -> tuple[str, dict]:
-    """(PROMPT_VERSION, OUTPUT_SCHEMA) of the locator prompt this code base speaks."""
-    from tider.locator.prompt import OUTPUT_SCHEMA, PROMPT_VERSION
-
-    return PROMPT_VERSION, OUTPUT_SCHEMA
-
-
-def build_metadata(training: dict, *, granularity: Optional[str], data_hash: Optional[str], layout: str,
-                   dtype: str, checkpoint: Path) -> dict:
-    prompt_version, schema = current_prompt_contract()
-    trained_version = training.get("prompt_version")
-    if trained_version and trained_version != prompt_version:
-        raise ExportError(
-            f"{checkpoint}: trained with prompt version {trained_version!r}, but this code's locator "
-            f"prompt is {prompt_version!r}; export with the tider version that trained it"
-        )
-    granularity = granularity or training.get("granularity")
-    if granularity not in ("day", "minute"):
+        meta = (training or LocatorMetadata()).validate(where)
+    except LocatorContractError as exc:
+        raise ExportError(f"{exc}; export with the tider version that trained it") from exc
+    granularity = granularity or meta.granularity
+    if granularity not in GRANULARITIES:
         raise ExportError(
             f"{checkpoint}: granularity unknown (no {METADATA_FILE} from training); pass --granularity day|minute"
         )
-    # Training's prompt settings (timeline_top_k, max_prompt_tokens, dataset, split seed)
-    # travel with the export: the serving side must rebuild exactly the training prompt.
-    return {
-        **training,
-        "format": METADATA_FORMAT,
-        "prompt_version": prompt_version,
-        "output_schema": schema,
-        "granularity": granularity,
-        "training_data_hash": data_hash or training.get("training_data_hash"),
-        "source_checkpoint": str(checkpoint),
-        "source_layout": layout,
-        "dtype": dtype,
-    }
+    return replace(meta, granularity=granularity, training_data_hash=data_hash or meta.training_data_hash,
+                   source_checkpoint=str(checkpoint), source_layout=layout, dtype=dtype)
 
 
-def load_locator_metadata(model_dir: str | Path) -> dict:
+def load_locator_metadata(model_dir: str | Path) -> LocatorMetadata:
     """Check an export folder is a usable locator and return its ``tider_locator.json``.
 
-    Raises ExportError naming the folder and the problem: missing metadata, a prompt
-    version or output schema other than this code's, no tokenizer, no or empty weights.
+    Raises ``LocatorContractError`` naming the folder and the problem: missing metadata, a
+    prompt version or output schema other than this code's, no tokenizer, no weights, and
+    (``ExportError``) weights of 0-element tensors.
     """
-    folder = Path(model_dir)
-    if not folder.is_dir():
-        raise ExportError(f"{folder}: model folder does not exist")
-    path = folder / METADATA_FILE
-    if not path.exists():
-        raise ExportError(f"{folder}: no {METADATA_FILE} — not a tider export (run `tider export` first)")
-    meta = _read_metadata_file(path)
-    missing = [k for k in ("prompt_version", "output_schema", "granularity") if k not in meta]
-    if missing:
-        raise ExportError(f"{path}: missing field(s) {', '.join(missing)}")
-    prompt_version, schema = current_prompt_contract()
-    if meta["prompt_version"] != prompt_version:
-        raise ExportError(
-            f"{path}: prompt version {meta['prompt_version']!r} does not match this code's {prompt_version!r}; "
-            "the model would be prompted with a format it was not trained on"
-        )
-    if meta["output_schema"] != schema:
-        raise ExportError(f"{path}: output_schema differs from tider.locator.prompt.OUTPUT_SCHEMA")
-    if not _has_tokenizer(folder):
-        raise ExportError(f"{folder}: tokenizer missing (none of {', '.join(TOKENIZER_FILES)})")
-    if not list(folder.glob("*.safetensors")):
-        raise ExportError(f"{folder}: no *.safetensors weights")
-    check_weights_not_empty(folder)
+    meta = check_export_folder(model_dir)
+    check_weights_not_empty(Path(model_dir))
     return meta
 
 
@@ -351,7 +301,7 @@ def export_locator(
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     layout = detect_layout(checkpoint)
-    training = find_training_metadata(checkpoint)
+    training = LocatorMetadata.find(checkpoint)
     if out.exists() and any(out.iterdir()):
         if not overwrite:
             raise ExportError(f"{out}: output folder is not empty (pass --overwrite to replace it)")
@@ -378,7 +328,7 @@ def export_locator(
     for unused in ("temperature", "top_p", "top_k"):
         setattr(generation, unused, None)
     generation.save_pretrained(out)
-    (out / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    meta.write(out)
 
     report = ExportReport(out_dir=str(out), source_layout=layout, dtype=dtype_name)
     if verify:

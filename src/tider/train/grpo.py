@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tider.train.dar import dar_resample, effective_probabilities
-from tider.train.locator_data import grpo_records, is_main_process, prepare, setup_wandb_env, to_hf, train_and_save
+from tider.train.locator_data import grpo_records, is_main_process, prepare, start_wandb_run, to_hf, train_and_save
 from tider.train.rewards import RewardContext, make_rewards
 from tider.train.sft import model_init_kwargs
 
@@ -32,19 +32,19 @@ def reader_client(script_args):
     ``reader_max_retries`` retries, after which the completion scores a counted 0."""
     if "answer_correct" not in script_args.reward_funcs:
         return None
-    if not (script_args.reader_model and script_args.reader_base_url):
-        raise ValueError("reward 'answer_correct' needs reader_model and reader_base_url in the recipe "
-                         "(an OpenAI-compatible endpoint, e.g. `tider serve --skip-check`); "
-                         "'answer_span' is the reader-free proxy")
+    if not script_args.reader_model:
+        raise ValueError("reward 'answer_correct' needs reader_model (and reader_base_url for a served reader, "
+                         "e.g. `tider serve --skip-check`) in the recipe; 'answer_span' is the reader-free proxy")
     from tider.llm.client import make_client
     from tider.llm.vllm_server import wait_until_ready
 
+    # reader_base_url: a server (reader_model names the served model); else reader_model is a checkpoint.
     url = script_args.reader_base_url
-    if url.startswith(("http://", "https://")):
+    if url:
         waited = wait_until_ready(url, script_args.reader_wait_timeout, api_key=os.environ.get("TIDER_API_KEY"))
         logger.info("reader %s at %s is up (waited %.1f s)", script_args.reader_model, url, waited)
-    client = make_client(url, model=script_args.reader_model, timeout=script_args.reader_timeout,
-                         max_retries=script_args.reader_max_retries)
+    client = make_client(url or script_args.reader_model, model=script_args.reader_model if url else None,
+                         timeout=script_args.reader_timeout, max_retries=script_args.reader_max_retries)
     client.default_max_tokens = script_args.reader_max_tokens
     return client
 
@@ -95,7 +95,7 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
     prepare_vllm_colocate_on_cpu(training_args)
     from trl import GRPOTrainer, get_peft_config
 
-    setup_wandb_env(script_args.wandb_project)
+    run = start_wandb_run(training_args, script_args.wandb_project)
     model_path = model_args.model_name_or_path
     dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="grpo", dataset=dataset, store=store,
                                                           training_args=training_args)
@@ -124,7 +124,7 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
         )
     if script_args.dar:
         _log_dar(probs)
-    return train_and_save(trainer, "grpo", script_args, training_args, dataset, tokenizer, splits,
+    return train_and_save(trainer, "grpo", script_args, training_args, dataset, store, tokenizer, splits, run=run,
                           chat_template_kwargs=training_args.chat_template_kwargs)
 
 

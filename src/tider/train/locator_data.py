@@ -2,32 +2,40 @@
 split it by conversation, build the tiny model when a recipe asks for one, and turn the
 splits into TRL records with prompts truncated by the policy's own tokenizer.
 
-The run's prompt settings are written next to the checkpoint (``tider_locator.json``) so
-the ``locator`` window source, export and serving rebuild exactly the training prompt.
+What shapes the run's prompts is written next to the checkpoint (``tider_locator.json``,
+``training_metadata``) so the ``locator`` window source, export and serving rebuild exactly
+the training prompt.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
-from tider.locator.prompt import PROMPT_VERSION
+from tider.locator.contract import METADATA_FILE, NO_THINKING, LocatorMetadata, input_settings
 from tider.train.examples import PromptBuilder, corpus_texts, grpo_records, sft_records, split_queries
 from tider.types import Dataset
 
 logger = logging.getLogger(__name__)
-LOCATOR_META = "tider_locator.json"
 
 
-def setup_wandb_env(project: str) -> None:
-    """wandb stays offline unless the user has a key (tests disable it altogether)."""
-    os.environ.setdefault("WANDB_PROJECT", project)
-    if not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ:
-        os.environ["WANDB_MODE"] = "offline"
+def start_wandb_run(training_args, project: str):
+    """Open the wandb run the trainer's callback then logs into (it reuses an open run):
+    in ``project`` unless ``WANDB_PROJECT`` says otherwise, and offline unless the user has
+    an API key or chose ``WANDB_MODE``. Passed as arguments, so the process environment is
+    left as the caller set it. Main process only, like the callback itself."""
+    if "wandb" not in (training_args.report_to or []) or training_args.process_index != 0:
+        return None
+    import wandb
+
+    if wandb.run is not None:
+        return wandb.run
+    offline = not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ
+    return wandb.init(project=os.environ.get("WANDB_PROJECT", project), name=training_args.run_name,
+                      mode="offline" if offline else None)
 
 
 def load_training_dataset(script_args) -> Dataset:
@@ -112,8 +120,8 @@ def is_main_process(training_args) -> bool:
     return training_args is None or training_args.process_index == 0
 
 
-def train_and_save(trainer, stage: str, script_args, training_args, dataset: Dataset, tokenizer, splits,
-                   chat_template_kwargs: Optional[dict] = None):
+def train_and_save(trainer, stage: str, script_args, training_args, dataset: Dataset, store, tokenizer, splits,
+                   run=None, chat_template_kwargs: Optional[dict] = None):
     """Both stages' tail: one progress line, which process this is (in the rank's log; the
     2-rank test reads it), train (resuming if asked), save weights and state (the trainer
     writes from the main process), then tokenizer and locator metadata from rank 0 only."""
@@ -127,8 +135,11 @@ def train_and_save(trainer, stage: str, script_args, training_args, dataset: Dat
     trainer.save_state()  # trainer_state.json (log history) next to the final weights
     if is_main_process(training_args):
         tokenizer.save_pretrained(training_args.output_dir)
-        write_locator_meta(training_args.output_dir, script_args, dataset, train_query_keys=[q.key for q in splits["train"]],
-                           chat_template_kwargs=chat_template_kwargs)
+        training_metadata(script_args, dataset, store, train_query_keys=[q.key for q in splits["train"]],
+                          chat_template_kwargs=chat_template_kwargs).write(training_args.output_dir)
+        logger.info("wrote %s", Path(training_args.output_dir) / METADATA_FILE, extra={"file_only": True})
+    if run is not None:
+        run.finish()  # the next stage in this process opens its own run
     return trainer
 
 
@@ -149,31 +160,21 @@ def training_data_hash(dataset: Dataset, query_keys) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def write_locator_meta(output_dir: str, script_args, dataset: Dataset, *, train_query_keys=(),
-                       chat_template_kwargs: Optional[dict] = None) -> None:
-    """Prompt settings next to the checkpoint: how to rebuild the training prompt (read by
-    the ``locator`` source and by export)."""
-    from tider.locator.prompt import OUTPUT_SCHEMA
-
-    meta = {
-        "prompt_version": PROMPT_VERSION,
-        "output_schema": OUTPUT_SCHEMA,
-        "chat_template_kwargs": dict(chat_template_kwargs or {"enable_thinking": False}),
-        "training_data_hash": training_data_hash(dataset, train_query_keys),
-        "granularity": dataset.granularity,
-        "timeline_top_k": script_args.timeline_top_k,
-        "max_prompt_tokens": script_args.max_prompt_tokens,
-        "dataset_name": dataset.name,
-        "split_seed": script_args.split_seed,
-    }
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-    (Path(output_dir) / LOCATOR_META).write_text(json.dumps(meta, indent=2))
-    logger.info("wrote %s", Path(output_dir) / LOCATOR_META, extra={"file_only": True})
-
-
-def read_locator_meta(model_dir: str) -> dict:
-    path = Path(model_dir) / LOCATOR_META
-    return json.loads(path.read_text()) if path.exists() else {}
+def training_metadata(script_args, dataset: Dataset, store, *, train_query_keys=(),
+                      chat_template_kwargs: Optional[dict] = None) -> LocatorMetadata:
+    """What shapes the locator's input in this run (``tider.locator.contract``): the prompt
+    settings, and the store's timeline settings and embedding model. Written next to the
+    checkpoint; read by the ``locator`` source, export and serving."""
+    return LocatorMetadata(
+        granularity=dataset.granularity,
+        timeline_top_k=script_args.timeline_top_k,
+        max_prompt_tokens=script_args.max_prompt_tokens,
+        chat_template_kwargs=dict(chat_template_kwargs or NO_THINKING),
+        training_data_hash=training_data_hash(dataset, train_query_keys),
+        dataset_name=dataset.name,
+        split_seed=script_args.split_seed,
+        **input_settings(store.config),
+    )
 
 
 def resume_arg(training_args):
@@ -218,4 +219,5 @@ def last_complete_checkpoint(output_dir: str) -> Optional[str]:
     return str(newest)
 
 
-__all__ = ["prepare", "sft_records", "grpo_records", "to_hf", "write_locator_meta", "read_locator_meta", "resume_arg"]
+__all__ = ["prepare", "sft_records", "grpo_records", "to_hf", "training_metadata", "resume_arg", "start_wandb_run",
+           "train_and_save"]

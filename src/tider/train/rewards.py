@@ -11,8 +11,8 @@ TRL 1.16 calls every reward as ``f(prompts=, completions=, completion_ids=,
 | ``switch`` | r_det | ``scoring.switch_correct`` (temporal flag == gold) |
 | ``window_iou`` | r_win | ``scoring.window_iou`` at the data's granularity; non-temporal both sides -> 1, one side -> 0 |
 | ``evidence_coverage`` | r_evd | gold evidence in the top-k of the dual-channel retriever driven by the prediction |
-| ``answer_correct`` | r_out | a reader LLM answers from the retrieved evidence; token F1 against the gold answer |
-| ``answer_span`` | r_out proxy | fraction of gold-answer tokens present in the retrieved text (no LLM; a proxy) |
+| ``answer_correct`` | r_out | a reader LLM answers from the retrieved evidence; the QA evaluation's answer F1 |
+| ``answer_span`` | r_out proxy | fraction of gold-answer tokens (the answer scorer's) present in the retrieved text (no LLM; a proxy) |
 | ``proximity`` | Memory-T1 R_s | smooth distance-to-gold, ``2 / (1 + exp(d / tau))`` (1 when touching) |
 
 Every reward is 0 for a malformed completion. The first configured reward also logs
@@ -25,14 +25,17 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from tider.eval import scoring
+from tider import scoring
+from tider.scoring import answer_tokens
+from tider.forest.linearize import render_flat
+from tider.forest.prompts import reader_messages
+from tider.llm.jsonout import strip_think
 from tider.locator.parse import ParseFailure, ParseResult, parse_prediction
 from tider.registry import Registry
-from tider.types import GRANULARITY_UNIT, Dataset, Window, WindowPrediction, floor_time
+from tider.types import Dataset, Window, WindowPrediction
 from dateutil.parser import isoparse
 
 logger = logging.getLogger(__name__)
@@ -160,18 +163,6 @@ def _window_iou(completions, *, ctx, parsed, gold_windows, granularity=None, **k
     ]
 
 
-def _gap_units(a: Window, b: Window, granularity: str) -> float:
-    """Whole granularity units between two windows, each covering ``floor(start) ..
-    floor(end)`` inclusive as in ``scoring.window_iou`` (0 when they touch or overlap)."""
-    unit = GRANULARITY_UNIT[granularity].total_seconds()
-
-    def units(w: Window) -> tuple[float, float]:
-        return floor_time(w.start, granularity).timestamp() / unit, floor_time(w.end, granularity).timestamp() / unit + 1
-
-    (a_lo, a_hi), (b_lo, b_hi) = units(a), units(b)
-    return max(b_lo - a_hi, a_lo - b_hi, 0.0)
-
-
 def proximity_score(pred: Sequence[Window], gold: Sequence[Window], granularity: str, tau_units: float) -> float:
     """Symmetric smooth closeness of two window sets: the mean, over gold windows, of
     ``s(distance to the nearest predicted window)`` averaged with the same over predicted
@@ -184,8 +175,8 @@ def proximity_score(pred: Sequence[Window], gold: Sequence[Window], granularity:
     def s(d: float) -> float:
         return 2.0 / (1.0 + math.exp(min(d / tau_units, 700.0)))
 
-    to_gold = sum(s(min(_gap_units(g, p, granularity) for p in pred)) for g in gold) / len(gold)
-    to_pred = sum(s(min(_gap_units(p, g, granularity) for g in gold)) for p in pred) / len(pred)
+    to_gold = sum(s(min(scoring.unit_gap(g, p, granularity) for p in pred)) for g in gold) / len(gold)
+    to_pred = sum(s(min(scoring.unit_gap(p, g, granularity) for g in gold)) for p in pred) / len(pred)
     return 0.5 * (to_gold + to_pred)
 
 
@@ -211,51 +202,32 @@ def _evidence_coverage(completions, *, ctx, parsed, query_key, evidence_ids, **k
     return out
 
 
-_TOKEN = re.compile(r"[a-z0-9]+")
-_STOP = {"a", "an", "the", "and", "or", "of", "in", "on", "at", "to", "is", "was"}
-
-
-def _tokens(text: str) -> list[str]:
-    return [t for t in _TOKEN.findall(str(text).lower()) if t not in _STOP]
-
-
-def token_f1(prediction: str, gold: str) -> float:
-    p, g = _tokens(prediction), _tokens(gold)
-    if not p or not g:
-        return float(p == g)
-    common = sum(min(p.count(t), g.count(t)) for t in set(p))
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(p), common / len(g)
-    return 2 * precision * recall / (precision + recall)
-
-
 @register_reward("answer_span")
 def _answer_span(completions, *, ctx, parsed, query_key, answer, **kw) -> list[float]:
     """Proxy for r_out without an LLM: share of gold-answer tokens found in the retrieved text."""
     dataset = ctx.require_dataset("answer_span")
     out = []
     for p, qk, gold in zip(parsed, query_key, answer):
-        gold_tokens = set(_tokens(gold))
+        gold_tokens = set(answer_tokens(gold))
         if not p.ok or not gold_tokens:
             out.append(0.0)
             continue
         memory = dataset.memories[ctx.query("answer_span", qk).memory_key]
         ids = ctx.retrieved("answer_span", qk, p.prediction)
-        seen = set(_tokens(" ".join(memory[i].text for i in ids[: ctx.k])))
+        seen = set(answer_tokens(" ".join(memory[i].text for i in ids[: ctx.k])))
         out.append(len(gold_tokens & seen) / len(gold_tokens))
     return out
 
 
-READER_SYSTEM = "Answer the question using only the memory excerpts. Reply with a short answer, no explanation."
-
-
 @register_reward("answer_correct")
 def _answer_correct(completions, *, ctx, parsed, query_key, answer, log_metric=None, **kw) -> list[float]:
-    """r_out: a reader LLM answers from the retrieved evidence; token F1 vs the gold answer.
-    Memoized by (query, retrieved ids) since a group's completions often retrieve the same set;
-    the batch's new (query, ids) pairs go to the reader concurrently (``LLMClient.chat_batch``).
-    A reader that still fails after its bounded retries gives 0, counted in ``reader/failures``."""
+    """r_out: a reader LLM answers from the retrieved messages with the QA evaluation's flat
+    reader prompt, scored by its answer F1 (``tider.scoring.answer_f1``): the
+    reward optimises the number the evaluation reports. Memoized by (query, retrieved ids),
+    since a group's completions often retrieve the same set; the batch's new pairs go to the
+    reader concurrently (``LLMClient.chat_batch``). A call that still fails after the
+    client's bounded retries scores 0, is counted in ``reader/failures`` and is not cached
+    (the next batch asks again)."""
     if ctx.reader is None:
         raise ValueError("reward 'answer_correct' needs RewardContext(reader=LLMClient(...)); use 'answer_span' as the cheap proxy")
     dataset = ctx.require_dataset("answer_correct")
@@ -267,24 +239,23 @@ def _answer_correct(completions, *, ctx, parsed, query_key, answer, log_metric=N
     results = ctx.reader.chat_batch([_reader_messages(dataset, ctx.query("answer_correct", qk), ids) for qk, ids in todo],
                                     stage="reward_reader") if todo else []
     golds = {k: gold for k, gold in zip(keys, answer) if k is not None}
-    failures = 0
+    scores, failures = {}, 0
     for key, result in zip(todo, results):
+        # As in the QA answer stage: a failed call leaves its (usually empty) text, scored the same way.
+        scores[key] = scoring.answer_f1(strip_think(result.text).strip(), golds[key], ctx.query("answer_correct", key[0]).category)
         failures += not result.ok
-        if result.ok:  # a failed call is not cached: the next batch asks again
-            ctx._answer_cache[key] = token_f1(result.text, golds[key])
+        if result.ok:
+            ctx._answer_cache[key] = scores[key]
     if log_metric is not None:
         log_metric("reader/failures", float(failures))
         log_metric("reader/calls", float(len(todo)))
-    return [ctx._answer_cache.get(k, 0.0) if k is not None else 0.0 for k in keys]
+    return [0.0 if k is None else scores[k] if k in scores else ctx._answer_cache[k] for k in keys]
 
 
 def _reader_messages(dataset: Dataset, query, ids) -> list[dict]:
     memory = dataset.memories[query.memory_key]
-    lines = [f"[{memory[i].timestamp:%Y-%m-%d %H:%M}] {memory[i].speaker}: {memory[i].text}" for i in sorted(ids)]
-    return [
-        {"role": "system", "content": READER_SYSTEM},
-        {"role": "user", "content": "Memory:\n" + "\n".join(lines) + f"\n\nQuestion: {query.text}\nAsked at: {query.asked_at:%Y-%m-%d}"},
-    ]
+    context = render_flat([memory[i] for i in sorted(ids)], dataset.granularity)
+    return reader_messages("flat", query.text, query.user, context)
 
 
 def make_rewards(names: Sequence[str], context: Optional[RewardContext] = None) -> list[RewardFn]:

@@ -1,11 +1,13 @@
-"""Supervised warm-up of the locator with TRL's ``SFTTrainer`` (conversational
-prompt-completion records: the loss covers the gold JSON completion only)."""
+"""Supervised warm-up of the locator with TRL's ``SFTTrainer`` on conversational
+prompt-completion records (the gold JSON is the completion). The loss covers the
+completion only unless the recipe sets ``completion_only_loss: false``, as the tiny CPU
+recipe does so that a from-scratch model also learns to read the timeline dates."""
 
 from __future__ import annotations
 
 import logging
 
-from tider.train.locator_data import prepare, setup_wandb_env, sft_records, to_hf, train_and_save
+from tider.train.locator_data import prepare, sft_records, start_wandb_run, to_hf, train_and_save
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +25,7 @@ def model_init_kwargs(training_args, model_args) -> dict:
 def run_sft(script_args, training_args, model_args, *, dataset=None, store=None):
     from trl import SFTTrainer, get_peft_config
 
-    setup_wandb_env(script_args.wandb_project)
+    run = start_wandb_run(training_args, script_args.wandb_project)
     model_path = model_args.model_name_or_path
     dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="sft", dataset=dataset, store=store,
                                                           training_args=training_args)
@@ -39,4 +41,4 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    return train_and_save(trainer, "sft", script_args, training_args, dataset, tokenizer, splits)
+    return train_and_save(trainer, "sft", script_args, training_args, dataset, store, tokenizer, splits, run=run)

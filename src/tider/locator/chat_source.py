@@ -1,51 +1,48 @@
-"""Window sources that ask a chat model for windows over HTTP (or a local checkpoint):
+"""Window sources backed by a chat model that speaks the locator prompt.
 
-- the ``locator`` backend for an OpenAI-compatible endpoint (``tider serve``, ``vllm
-  serve``, any hosted API) — ``make_endpoint_locator(url)``, which ``tider.locator.policy``
-  uses for ``make_source("locator", url=...)``;
-- ``prompted``: the same prompt sent to any instruction model, zero-shot — the baseline
-  that tells how much of the locator's gain is training rather than prompting.
+``ChatWindowSource`` sits on one seam, an ``LLMClient`` whose backend turns chat-message
+lists into completion texts: ``tider.llm.backends.LocalHFBackend`` (left-padded batched
+greedy ``generate``) for a local checkpoint, ``OpenAIBackend`` for an OpenAI-compatible
+server (``tider serve``, ``vllm serve``, any hosted API). Prompt building, parsing and
+failure accounting live here once, so a served model and a local one see byte-identical
+prompts. Two sources are built on it:
 
-Both send the exact locator prompt (``tider.locator.prompt.build_messages``) and request
-``OUTPUT_SCHEMA`` through structured outputs (vLLM ``response_format`` json_schema); a
-server that rejects structured output gets plain text, which the parser reads anyway
-(``tider.llm.client`` does the fallback). A completion that does not parse is a typed
-failure (``ParseFailure``), counted in ``source.failures``; the query then takes the
-semantic-only path (``NON_TEMPORAL``), as a non-temporal prediction would.
+- ``locator``: the trained locator (``tider.locator.trained``), with the prompt settings
+  it was trained with;
+- ``prompted`` (here): the same prompt sent zero-shot to any instruction model, the
+  baseline that tells how much of the locator's gain is training rather than prompting.
 
-Served-model check: vLLM's ``/v1/models`` reports the served folder as ``root``; when
-that folder is visible here, its ``tider_locator.json`` is checked (prompt version, schema,
-granularity) before the first query — the same check ``tider serve`` runs.
+Both request ``OUTPUT_SCHEMA`` through structured outputs (vLLM ``response_format``
+json_schema); a server that rejects structured output gets plain text, which the parser
+reads anyway (``tider.llm.client`` does the fallback). A completion that does not parse
+is a typed failure (``ParseFailure``), counted in ``source.failures``; the query then
+takes the semantic-only path (``NON_TEMPORAL``), as a non-temporal prediction would. Each
+outcome keeps the prompt that was sent, so the leak validator checks what the model saw.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from tider.locator.prompt import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_TOP_K, OUTPUT_SCHEMA, build_messages
+from tider.locator.contract import NO_THINKING, OUTPUT_SCHEMA
+from tider.locator.prompt import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_TOP_K, build_messages
 from tider.locator.sources import BaseSource, register_source
 from tider.types import NON_TEMPORAL, Granularity, Memory, Query, WindowPrediction
 
-logger = logging.getLogger(__name__)
-
-# Qwen3's switch: the locator is trained to answer directly, without a think block.
-NO_THINKING = {"enable_thinking": False}
 LOCATOR_MAX_TOKENS = 160  # 8 windows of two dates fit in ~120 tokens of JSON
 
 
 @dataclass
 class LocatorOutcome:
-    """One query's completion and what the parser made of it."""
+    """One query's prompt, completion, and what the parser made of it."""
 
     text: str
     prediction: Optional[WindowPrediction]
     failure: Optional[str] = None  # ParseFailure value, or the client's error
     detail: str = ""
+    messages: list[dict] = field(default_factory=list)  # the prompt as sent
 
     def prediction_json(self, granularity: Granularity) -> Optional[dict]:
         return self.prediction.to_json(granularity) if self.prediction is not None else None
@@ -63,28 +60,17 @@ def endpoint_client(
     concurrency: int = 4,
 ):
     """An ``LLMClient`` for an OpenAI-compatible server; ``model`` defaults to the first served one."""
-    from tider.llm.backends import OpenAIBackend
+    from tider.llm.backends import OpenAIBackend, served_models
     from tider.llm.cache import LLMCache
     from tider.llm.client import LLMClient
 
-    key = api_key or os.environ.get("TIDER_API_KEY") or "EMPTY"
-    model = model or served_models(url, api_key=key)[0]["id"]
-    backend = OpenAIBackend(url, model, api_key=key, timeout=timeout, structured=structured,
+    model = model or served_models(url, api_key=api_key)[0]["id"]
+    backend = OpenAIBackend(url, model, api_key=api_key, timeout=timeout, structured=structured,
                             chat_template_kwargs=chat_template_kwargs)
     # One retry: transport hiccups. A deterministic locator that wrote bad JSON once will
     # write it again, so retrying malformed output would only spend time.
     return LLMClient(backend, cache=LLMCache(cache_path) if cache_path else None, max_retries=1,
                      concurrency=concurrency, default_max_tokens=LOCATOR_MAX_TOKENS)
-
-
-def served_models(url: str, *, api_key: Optional[str] = None) -> list[dict]:
-    """``/v1/models`` entries (``id``, and for vLLM ``root``: the served folder)."""
-    from openai import OpenAI
-
-    listed = OpenAI(base_url=url, api_key=api_key or "EMPTY", timeout=30, max_retries=2).models.list().data
-    if not listed:
-        raise ValueError(f"server {url} lists no models")
-    return [m.model_dump() for m in listed]
 
 
 def predict_batch(
@@ -110,13 +96,13 @@ def predict_batch(
                                 temperature=0.0, progress=progress)
     spans = list(memory_spans) if memory_spans is not None else [None] * len(batch)
     outcomes = []
-    for result, span in zip(results, spans):
+    for messages, result, span in zip(batch, results, spans):
         if result.error and result.error.startswith("request_failed"):
-            outcomes.append(LocatorOutcome(result.text, None, "request_failed", result.error))
+            outcomes.append(LocatorOutcome(result.text, None, "request_failed", result.error, messages))
             continue
         parsed = parse_prediction(result.text, granularity=granularity, memory_span=span)
-        outcomes.append(LocatorOutcome(result.text, parsed.prediction,
-                                       parsed.failure.value if parsed.failure else None, parsed.detail))
+        outcomes.append(LocatorOutcome(result.text, parsed.prediction, parsed.failure.value if parsed.failure else None,
+                                       parsed.detail, messages))
     return outcomes
 
 
@@ -163,50 +149,6 @@ class ChatWindowSource(BaseSource):
             if o.failure:
                 self.failures[o.failure] += 1
         return [o.prediction if o.prediction is not None else NON_TEMPORAL for o in outcomes]
-
-
-def check_served_locator(url: str, *, model: Optional[str] = None, api_key: Optional[str] = None) -> tuple[str, Optional[dict], Optional[str]]:
-    """(served model name, its tider_locator.json or None, its local folder or None).
-
-    Raises ``ExportError`` when the served folder is visible here and is not a usable
-    locator export (wrong prompt version, schema, missing tokenizer ...).
-    """
-    from tider.train.export import load_locator_metadata
-
-    models = served_models(url, api_key=api_key)
-    entry = next((m for m in models if m["id"] == model), None) if model else models[0]
-    if entry is None:
-        raise ValueError(f"server {url} does not serve {model!r}; it serves {', '.join(m['id'] for m in models)}")
-    root = entry.get("root")
-    if root and Path(root).is_dir():
-        return entry["id"], load_locator_metadata(root), root
-    logger.warning("served model %r: folder %r not visible here, tider_locator.json not checked", entry["id"], root)
-    return entry["id"], None, None
-
-
-def make_endpoint_locator(url: str, *, model: Optional[str] = None, api_key: Optional[str] = None,
-                          structured: str = "response_format", cache_path: Optional[str] = None,
-                          top_k: Optional[int] = None, max_prompt_tokens: Optional[int] = None,
-                          concurrency: int = 4) -> ChatWindowSource:
-    """The trained locator behind an OpenAI-compatible endpoint, as a window source.
-
-    ``top_k`` / ``max_prompt_tokens`` default to the export's ``tider_locator.json``
-    (the training prompt), else to the prompt module's defaults.
-    """
-    name, meta, root = check_served_locator(url, model=model, api_key=api_key)
-    tokenizer = None
-    if root is not None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(root)  # same prompt truncation as in training
-    meta = meta or {}
-    client = endpoint_client(url, model=name, api_key=api_key, structured=structured, cache_path=cache_path,
-                             concurrency=concurrency, chat_template_kwargs=meta.get("chat_template_kwargs", NO_THINKING))
-    # The prompt settings the model was trained with win over the defaults.
-    return ChatWindowSource(client, name="locator", tokenizer=tokenizer,
-                            top_k=top_k or meta.get("timeline_top_k") or DEFAULT_TOP_K,
-                            max_prompt_tokens=max_prompt_tokens or meta.get("max_prompt_tokens") or DEFAULT_MAX_PROMPT_TOKENS,
-                            granularity=meta.get("granularity"))
 
 
 @register_source("prompted")

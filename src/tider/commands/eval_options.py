@@ -1,9 +1,14 @@
-"""Command-line options that configure the model-backed window sources, shared by
-``tider eval retrieval``, ``tider eval qa`` and ``tider eval compare``:
+"""Command-line options shared by ``tider eval retrieval``, ``tider eval qa`` and ``tider
+eval compare``: comma-separated lists (``split_csv``) and the options that configure the
+model-backed window sources:
 
     --locator-url URL      the trained locator behind an OpenAI-compatible server (tider serve)
     --locator-model PATH   ... or a local checkpoint / export (transformers generation);
                            with --locator-url it names the served model
+    --locator-meta PATH    the export folder or its tider_locator.json, when the served
+                           folder is not visible here (the settings the locator trained with)
+    --locator-allow-unknown-settings
+                           run even when those settings are unknown (prompt defaults)
     --prompted-url URL     the zero-shot `prompted` baseline: any instruction model's server
     --prompted-model NAME  its served model name, or a local checkpoint without --prompted-url
 
@@ -14,11 +19,21 @@ They become ``source_options`` (``{"locator": {"url": ...}}``), which the runner
 from __future__ import annotations
 
 
+def split_csv(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
 def add_window_source_options(parser) -> None:
     group = parser.add_argument_group("model-backed window sources (locator, prompted)")
     group.add_argument("--locator-url", default=None, help="OpenAI-compatible base URL serving the locator (tider serve)")
     group.add_argument("--locator-model", default=None,
                        help="local locator checkpoint/export, or the served model name with --locator-url")
+    group.add_argument("--locator-meta", default=None,
+                       help="the locator's export folder or tider_locator.json (needed with --locator-url when the "
+                            "server's model folder is not visible on this machine)")
+    group.add_argument("--locator-allow-unknown-settings", action="store_true",
+                       help="run the locator even when its training prompt settings are unknown (prompt defaults)")
     group.add_argument("--prompted-url", default=None, help="OpenAI-compatible base URL of an instruction model")
     group.add_argument("--prompted-model", default=None,
                        help="served model name with --prompted-url, else a local instruction checkpoint")
@@ -30,6 +45,11 @@ def window_source_options(args) -> dict:
     for name in ("locator", "prompted"):
         url, model = getattr(args, f"{name}_url", None), getattr(args, f"{name}_model", None)
         entry = {k: v for k, v in (("url", url), ("model", model)) if v}
+        if entry and name == "locator":
+            if getattr(args, "locator_meta", None):
+                entry["metadata"] = args.locator_meta
+            if getattr(args, "locator_allow_unknown_settings", False):
+                entry["allow_unknown_settings"] = True
         if entry:
             options[name] = entry
     return options

@@ -1,0 +1,186 @@
+"""The locator contract: what a trained locator was shown, and what it answers with.
+
+Training, export, serving and the window sources all speak through this module:
+
+- ``PROMPT_VERSION`` and ``OUTPUT_SCHEMA``: the prompt format and the JSON the locator
+  writes (``tider.locator.prompt`` renders the prompt, ``tider.locator.parse`` reads the
+  answer back);
+- ``LocatorMetadata``: the ``tider_locator.json`` file that travels with a checkpoint
+  and its export. It records everything that shapes the locator's input, so a served
+  model is prompted exactly as it was trained: the prompt settings (K timeline entries,
+  the token budget, chat-template kwargs, granularity) and what builds the timeline the
+  prompt lists (timeline clustering settings, the embedding model and the text it
+  embeds). ``tider sft``/``tider grpo`` write it, ``tider export`` extends it with the
+  export's dtype and layout, ``tider serve`` and the ``locator`` source validate it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+# Bump when the prompt text or output contract changes: caches and manifests key on it.
+PROMPT_VERSION = "locator-v1"
+MAX_WINDOWS = 8
+
+# Kept free of regex patterns and conditionals so every structured-output backend
+# (vLLM xgrammar/guidance, OpenAI) accepts it; the parser checks dates and consistency.
+OUTPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "temporal": {"type": "boolean"},
+        "windows": {
+            "type": "array",
+            "maxItems": MAX_WINDOWS,
+            "items": {
+                "type": "object",
+                "properties": {"start": {"type": "string"}, "end": {"type": "string"}},
+                "required": ["start", "end"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["temporal", "windows"],
+    "additionalProperties": False,
+}
+
+METADATA_FILE = "tider_locator.json"
+METADATA_FORMAT = 2  # 2: + timeline settings, embedding model and template
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+GRANULARITIES = ("day", "minute")
+# Qwen3's switch: the locator is trained to answer directly, without a think block.
+NO_THINKING = {"enable_thinking": False}
+
+
+class LocatorContractError(ValueError):
+    """A locator's metadata is missing, malformed, or disagrees with this code or its data."""
+
+
+def input_settings(retrieval_config) -> dict:
+    """What shapes the timeline a locator prompt lists, from a ``RetrievalConfig``: the
+    clustering settings, and the embedding model and message template behind them."""
+    from tider.retrieval.embed import embedding_model_id
+
+    timeline = asdict(retrieval_config.timeline)
+    return {"timeline": timeline, "embedding_model": embedding_model_id(retrieval_config.embedding_model),
+            "embed_template": retrieval_config.embed_template}
+
+
+@dataclass
+class LocatorMetadata:
+    """``tider_locator.json``. ``None`` means unknown (e.g. a checkpoint trained elsewhere)."""
+
+    granularity: Optional[str] = None
+    timeline_top_k: Optional[int] = None
+    max_prompt_tokens: Optional[int] = None
+    chat_template_kwargs: Optional[dict] = None
+    timeline: Optional[dict] = None
+    embedding_model: Optional[str] = None
+    embed_template: Optional[str] = None
+    training_data_hash: Optional[str] = None
+    dataset_name: Optional[str] = None
+    split_seed: Optional[int] = None
+    # Written by ``tider export``.
+    source_checkpoint: Optional[str] = None
+    source_layout: Optional[str] = None
+    dtype: Optional[str] = None
+    prompt_version: str = PROMPT_VERSION
+    output_schema: dict = field(default_factory=lambda: json.loads(json.dumps(OUTPUT_SCHEMA)))
+    format: int = METADATA_FORMAT
+
+    # ------------------------------------------------------------------ files
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "tider_locator.json") -> "LocatorMetadata":
+        if not isinstance(data, dict):
+            raise LocatorContractError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        # Keys a newer tider added are ignored rather than fatal: the fields read here decide.
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def read(cls, path: str | Path) -> "LocatorMetadata":
+        path = Path(path)
+        if path.is_dir():
+            path = path / METADATA_FILE
+        if not path.exists():
+            raise LocatorContractError(f"{path}: no such file")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise LocatorContractError(f"{path}: not valid JSON ({exc})") from exc
+        return cls.from_json(data, str(path))
+
+    @classmethod
+    def find(cls, folder: str | Path) -> Optional["LocatorMetadata"]:
+        """The metadata in ``folder`` or, for a ``checkpoint-N`` folder, in its run folder."""
+        for candidate in (Path(folder), Path(folder).parent):
+            if (candidate / METADATA_FILE).exists():
+                return cls.read(candidate / METADATA_FILE)
+        return None
+
+    def write(self, folder: str | Path) -> Path:
+        path = Path(folder) / METADATA_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        tmp.replace(path)  # a killed writer never leaves half a file behind
+        return path
+
+    # -------------------------------------------------------------- validation
+    def validate(self, where: str) -> "LocatorMetadata":
+        """Raise unless this code can prompt the model exactly as it was trained."""
+        if self.prompt_version != PROMPT_VERSION:
+            raise LocatorContractError(
+                f"{where}: prompt version {self.prompt_version!r} does not match this code's {PROMPT_VERSION!r}; "
+                "the model would be prompted with a format it was not trained on")
+        if self.output_schema != OUTPUT_SCHEMA:
+            raise LocatorContractError(f"{where}: output_schema differs from tider.locator.contract.OUTPUT_SCHEMA")
+        if self.granularity is not None and self.granularity not in GRANULARITIES:
+            raise LocatorContractError(f"{where}: granularity {self.granularity!r} is not one of {GRANULARITIES}")
+        return self
+
+    def unknown_prompt_settings(self) -> list[str]:
+        """The prompt settings this file does not record (the client cannot rebuild them)."""
+        return [name for name in ("granularity", "timeline_top_k", "max_prompt_tokens", "chat_template_kwargs")
+                if getattr(self, name) is None]
+
+    def input_mismatches(self, retrieval_config) -> list[str]:
+        """How the timeline a store would build differs from the one the locator trained on
+        (empty when they agree or the metadata does not record it)."""
+        now = input_settings(retrieval_config)
+        out = []
+        for name, value in now.items():
+            trained = getattr(self, name)
+            if trained is None:
+                continue
+            if name == "timeline":
+                out += [f"timeline.{k}: trained {trained[k]!r}, now {value.get(k)!r}"
+                        for k in sorted(trained) if k in value and trained[k] != value[k]]
+            elif trained != value:
+                out.append(f"{name}: trained {trained!r}, now {value!r}")
+        return out
+
+
+def check_export_folder(folder: str | Path) -> LocatorMetadata:
+    """A servable export: valid metadata with a granularity, a tokenizer and safetensors.
+
+    Raises ``LocatorContractError`` naming the folder and the problem."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise LocatorContractError(f"{folder}: model folder does not exist")
+    if not (folder / METADATA_FILE).exists():
+        raise LocatorContractError(f"{folder}: no {METADATA_FILE} — not a tider export (run `tider export` first)")
+    path = folder / METADATA_FILE
+    meta = LocatorMetadata.read(path).validate(str(path))
+    if meta.granularity is None:
+        raise LocatorContractError(f"{path}: missing field granularity")
+    if not any((folder / name).exists() for name in TOKENIZER_FILES):
+        raise LocatorContractError(f"{folder}: tokenizer missing (none of {', '.join(TOKENIZER_FILES)})")
+    if not list(folder.glob("*.safetensors")):
+        raise LocatorContractError(f"{folder}: no *.safetensors weights")
+    return meta

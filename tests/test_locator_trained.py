@@ -1,0 +1,111 @@
+"""The ``locator`` window source (``tider.locator.trained``) with local transformers
+generation: it prompts with the settings its ``tider_locator.json`` records, refuses to run
+when they are unknown or disagree with the data's timeline (unless told), and maps every
+completion to what the parser makes of it. An untrained tiny Qwen3 stands in for the
+checkpoint here: its completions are malformed, so every query takes the fallback path;
+tests/test_compare.py runs a locator whose predictions parse."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tider.locator.contract import METADATA_FILE, LocatorContractError, LocatorMetadata
+from tider.locator.sources import make_source
+from tider.types import NON_TEMPORAL
+
+SETTINGS = {"timeline_top_k": 3, "max_prompt_tokens": 2000, "granularity": "day", "chat_template_kwargs": {}}
+
+
+@pytest.fixture
+def checkpoint(tiny_qwen3_dir, tmp_path):
+    """A training-output layout: the weights in run/ckpt, the metadata in run/."""
+    (tmp_path / "ckpt").symlink_to(tiny_qwen3_dir, target_is_directory=True)
+    return tmp_path / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def world():
+    from tider.data.synth import generate
+    from tider.retrieval.store import RetrievalStore
+
+    ds = generate(200, seed=1, n_conversations=1)
+    return ds, RetrievalStore(ds)
+
+
+def test_locator_source_needs_a_model_or_url(tmp_path):
+    with pytest.raises(ValueError, match="model=PATH"):
+        make_source("locator")
+    with pytest.raises(ValueError, match="config.json"):
+        make_source("locator", model=str(tmp_path))
+
+
+def test_local_locator_predicts_or_falls_back_to_semantic(checkpoint, world):
+    from tider.locator.parse import parse_prediction
+
+    (checkpoint.parent / METADATA_FILE).write_text(json.dumps(SETTINGS))
+    source = make_source("locator", model=str(checkpoint), max_tokens=24)
+    assert source.top_k == 3 and source.max_prompt_tokens == 2000 and source.granularity == "day"
+    ds, store = world
+    queries = ds.queries[:5]
+    memories = [ds.memories[q.memory_key] for q in queries]
+    preds = source.predict_batch([q.public() for q in queries], memories, [store.timeline(q.memory_key) for q in queries])
+    failures = []
+    for pred, outcome, memory in zip(preds, source.last_outcomes, memories):
+        assert outcome.messages[1]["content"].count("\n[") == 3  # the recorded K, not the default 30
+        parsed = parse_prediction(outcome.text, granularity="day", memory_span=memory.span)
+        assert outcome.failure == (parsed.failure.value if parsed.failure else None)
+        assert pred == (parsed.prediction if parsed.ok else NON_TEMPORAL)
+        failures += [outcome.failure] if outcome.failure else []
+    assert failures and dict(source.failures) == {f: failures.count(f) for f in set(failures)}
+
+
+def test_unknown_settings_are_refused_unless_allowed(checkpoint, world):
+    with pytest.raises(LocatorContractError, match="no tider_locator.json .* allow_unknown_settings"):
+        make_source("locator", model=str(checkpoint))
+    source = make_source("locator", model=str(checkpoint), allow_unknown_settings=True)
+    assert source.top_k == 30 and source.granularity is None  # the prompt defaults
+    (checkpoint.parent / METADATA_FILE).write_text(json.dumps({"granularity": "day"}))
+    with pytest.raises(LocatorContractError, match="records no timeline_top_k, max_prompt_tokens, chat_template_kwargs"):
+        make_source("locator", model=str(checkpoint))
+    (checkpoint.parent / METADATA_FILE).write_text(json.dumps({**SETTINGS, "prompt_version": "locator-v0"}))
+    with pytest.raises(LocatorContractError, match="prompt version 'locator-v0'"):
+        make_source("locator", model=str(checkpoint), allow_unknown_settings=True)  # never allowed
+
+
+def test_metadata_can_be_given_explicitly(checkpoint, tmp_path):
+    elsewhere = tmp_path / "copied" / METADATA_FILE
+    elsewhere.parent.mkdir()
+    elsewhere.write_text(json.dumps({**SETTINGS, "timeline_top_k": 5}))
+    source = make_source("locator", model=str(checkpoint), metadata=str(elsewhere))
+    assert source.top_k == 5 and source.metadata.timeline_top_k == 5
+
+
+def test_a_store_building_other_timelines_is_refused(checkpoint, world):
+    from dataclasses import replace
+
+    from tider.locator.contract import input_settings
+    from tider.retrieval.config import RetrievalConfig
+    from tider.retrieval.store import RetrievalStore
+
+    ds, store = world
+    LocatorMetadata(**SETTINGS, **input_settings(store.config)).write(checkpoint.parent)
+    assert make_source("locator", model=str(checkpoint), store=store).top_k == 3  # same timeline: fine
+    other = RetrievalStore(ds, RetrievalConfig(timeline=replace(RetrievalConfig().timeline, theta_sem=0.85),
+                                               embed_template="{text}"))
+    with pytest.raises(LocatorContractError, match=r"timeline.theta_sem: trained 0.35, now 0.85; embed_template"):
+        make_source("locator", model=str(checkpoint), store=other)
+    assert make_source("locator", model=str(checkpoint), store=other, allow_unknown_settings=True)
+
+
+def test_metadata_round_trips_and_names_bad_files(tmp_path):
+    meta = LocatorMetadata(**SETTINGS, dataset_name="synthetic")
+    path = meta.write(tmp_path)
+    assert LocatorMetadata.read(path) == meta == LocatorMetadata.find(tmp_path / "checkpoint-3")
+    assert LocatorMetadata.find(tmp_path / "a" / "b") is None
+    path.write_text("[1, 2]")
+    with pytest.raises(LocatorContractError, match="expected a JSON object, got list"):
+        LocatorMetadata.read(path)
+    path.write_text(json.dumps({**SETTINGS, "field_from_a_newer_tider": 1}))
+    assert LocatorMetadata.read(tmp_path).timeline_top_k == 3  # unknown keys are ignored
