@@ -51,7 +51,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from tider.data import load_dataset
     from tider.eval.retrieval import eligible_queries
-    from tider.retrieval.store import RetrievalStore
+    from tider.train.rewards import RewardContext
     from tider.types import Dataset
 
     if Path(args.path).is_file():
@@ -65,19 +65,24 @@ def main() -> None:
     dataset = Dataset(full.name, full.granularity, {key: full.memories[key]},
                       [q for q in eligible_queries(full) if q.memory_key == key])
     memory = dataset.memories[key]
-    store = RetrievalStore(dataset)
-    store.indexes(key)  # index build is per memory, once: not part of the reward cost
+    ctx = RewardContext(dataset=dataset, k=args.k)  # the GRPO reward's own path (tider.memory)
+    store = ctx.get_store("evidence_coverage")
+    store.get(key)  # index build is per memory, once: not part of the reward cost
     store.prepare(dataset.queries)
+
+    def coverage(q, p) -> float:
+        return ctx.coverage("evidence_coverage", q.key, p, q.gold.evidence_ids)
+
     rng = random.Random(args.seed)
     work = [(rng.choice(dataset.queries), random_prediction(rng, memory)) for _ in range(args.evaluations)]
 
     t0 = time.perf_counter()
     for q in dataset.queries:  # cold: the first coverage call per query computes its similarity
-        store.coverage(q, work[0][1], args.k)
+        coverage(q, work[0][1])
     cold = (time.perf_counter() - t0) / len(dataset.queries)
 
     t0 = time.perf_counter()
-    total = sum(store.coverage(q, p, args.k) for q, p in work)
+    total = sum(coverage(q, p) for q, p in work)
     warm = time.perf_counter() - t0
     result = {
         "memory": source, "messages": len(memory), "queries": len(dataset.queries), "k": args.k,

@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     from tider.train.grpo import run_grpo
     from tider.train.locator_data import load_training_dataset, prepare
     from tider.train.sft import run_sft
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     s_args, s_train, s_model = recipe_args("sft", ["--model_name_or_path", str(base), "--output_dir", str(sft_dir),
                                                    "--max_steps", str(args.sft_steps), "--logging_steps", "10",
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
                                                    "--completion_only_loss", "false",
                                                    "--tiny_structured_date_init", str(args.structured_date_init).lower(), *data])
     ds = load_training_dataset(s_args)
-    store = RetrievalStore(ds)
+    store = MemoryCollection(ds.memories)
     t0 = time.time()
     if not (sft_dir / "tider_locator.json").exists():
         run_sft(s_args, s_train, s_model, dataset=ds, store=store)

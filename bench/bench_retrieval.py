@@ -1,13 +1,19 @@
-"""Retrieval at scale: index build time, memory, per-query latency of each channel and of
-the whole dual-channel retriever, and bm25s vs rank-bm25 query throughput, measured in
-the same run on the same corpus and queries.
+"""Retrieval at scale through ``TemporalMemory``: the code the product runs, one thread.
 
-Synthetic memories of 10k / 100k / 1M messages: 12 Zipf-distributed words per message,
-timestamps spread over three years. The dense part uses random unit vectors of MiniLM's
-dimension (384) instead of real embeddings (encoding 1M texts would take hours on this
-CPU); latency depends only on the shapes. rank-bm25 is slow at scale, so its throughput
-is measured on a subset of the queries (``--rank-bm25-queries``). HNSW is built only up
-to ``--hnsw-max`` messages (its build on one core dominates otherwise). Not run in CI.
+Per size (10k / 100k / 1M messages), in one run on one corpus and one query set:
+- ``add`` throughput with precomputed vectors (batches of n/20, each committed to disk);
+- build time of each index (bm25s, faiss: exact flat or HNSW by size, the timeline);
+- RSS, store size on disk, reopen time (open + first search, nothing re-embedded);
+- search p50/p95 for windows ``none`` and a fixed 30-day window (and ``rules`` when that
+  source is registered): the index-backed path against exact scoring of every message,
+  and a bare faiss HNSW top-20 query as the floor;
+- agreement of the index-backed top-20 with the exact top-20 (same set; same order).
+
+Corpus: 12 Zipf(1.3) words per message over three years; the dense part is random unit
+vectors of MiniLM's dimension (384), as before: random high-dimensional vectors are the
+hardest case for HNSW (no neighbourhood structure), so the agreement here is a floor; the
+``--real`` part measures it on real MiniLM vectors (the synthetic benchmark's messages as
+one memory, HNSW forced) with that benchmark's own queries. Not run in CI.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_retrieval.py --out runs/bench_retrieval.json
 """
@@ -18,131 +24,289 @@ import argparse
 import json
 import os
 import resource
+import shutil
+import subprocess
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
-
-def timed(fn, *args, **kwargs):
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t0
+T0 = datetime(2021, 1, 1)
 
 
-def latency_ms(fn, inputs) -> dict:
-    times = []
-    for x in inputs:
-        t0 = time.perf_counter()
-        fn(x)
-        times.append(1e3 * (time.perf_counter() - t0))
-    return {"p50_ms": round(float(np.percentile(times, 50)), 3), "p95_ms": round(float(np.percentile(times, 95)), 3),
-            "n": len(times)}
+def hardware() -> str:
+    try:
+        from tider.hardware import describe  # the project's own description, where it exists
+
+        return describe()
+    except ImportError:
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "unknown CPU")
+        return f"{model}, {os.cpu_count()} cores visible, no GPU used"
+
+
+def load() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
 
 
 def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def synthetic_memory(n: int, rng: np.random.Generator, vocab: int = 50_000, words: int = 12):
-    from tider.types import Memory, Message
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
 
-    ranks = np.minimum(rng.zipf(1.3, size=(n, words)), vocab) - 1
-    texts = [" ".join(f"w{r}" for r in row) for row in ranks]
-    start = datetime(2021, 1, 1)
+
+def latency(fn, items) -> dict:
+    times = []
+    for x in items:
+        t0 = time.perf_counter()
+        fn(x)
+        times.append(1e3 * (time.perf_counter() - t0))
+    return {"p50_ms": round(float(np.percentile(times, 50)), 3), "p95_ms": round(float(np.percentile(times, 95)), 3)}
+
+
+def corpus(n: int, dim: int, rng: np.random.Generator):
+    ranks = np.minimum(rng.zipf(1.3, size=(n, 12)), 50_000) - 1
     offsets = np.sort(rng.uniform(0, 3 * 365 * 86400, size=n))
-    msgs = [Message(id=i, key=str(i), text=t, timestamp=start + timedelta(seconds=float(o)), speaker="u", session="s")
-            for i, (t, o) in enumerate(zip(texts, offsets))]
-    return Memory(f"bench-{n}", msgs, granularity="minute"), texts
+    msgs = [{"key": str(i), "text": " ".join(f"w{r}" for r in row), "speaker": "u", "session": "s",
+             "timestamp": (T0 + timedelta(seconds=float(o))).isoformat()} for i, (row, o) in enumerate(zip(ranks, offsets))]
+    vecs = rng.normal(size=(n, dim)).astype(np.float32)
+    return msgs, vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+def query_set(n_queries: int, dim: int, rng: np.random.Generator):
+    from tider.types import NON_TEMPORAL, Window, WindowPrediction
+
+    out = []
+    for _ in range(n_queries):
+        text = " ".join(f"w{r}" for r in np.minimum(rng.zipf(1.3, size=4), 50_000) - 1)
+        vec = rng.normal(size=dim).astype(np.float32)
+        start = T0 + timedelta(days=float(rng.uniform(0, 3 * 365 - 30)))
+        out.append({"text": text, "vector": vec / np.linalg.norm(vec), "none": NON_TEMPORAL,
+                    "window": WindowPrediction(True, (Window(start, start + timedelta(days=30)),))})
+    return out
+
+
+class NoEmbedder:
+    model_name = "none (vectors are given)"
+
+    def encode(self, texts):
+        raise AssertionError("the bench gives every vector")
+
+
+def exact_scores(mem, text: str, asked_at, prediction, vector) -> np.ndarray:
+    """The exact path's final score of every message the query may see."""
+    from tider.retrieval import channels
+    from tider.retrieval.rerank import rerank_scores
+
+    query = mem.query(text, asked_at)
+    cut = mem.cut(query.asked_at)
+    sim = mem.semantic_part(query, vector, True, mem.config.semantic, cut).sim
+    if not (prediction.temporal and prediction.windows):
+        return sim
+    c = mem.config
+    return rerank_scores(sim, mem.state.ts_days()[:cut], channels.window_days(prediction.windows), c.lambda_boost,
+                         c.gamma_min, c.rho_per_day)
+
+
+def compare(a, b, scores: np.ndarray) -> tuple[bool, bool, bool]:
+    """Same top-k set; same order; same exact scores at every rank (ties count as equal:
+    the synthetic benchmark repeats texts, so exact ties are common there)."""
+    same_scores = np.allclose(np.sort(scores[a.positions]), np.sort(scores[b.positions]), rtol=1e-6, atol=1e-7)
+    return set(a.ids) == set(b.ids), a.ids == b.ids, bool(same_scores) and len(a.ids) == len(b.ids)
+
+
+def agreement(mem, queries, windows: str, k: int) -> dict:
+    rows = []
+    for q in queries:
+        a = mem.search(q["text"], windows=q[windows], query_vector=q["vector"], k=k, exact=False)
+        b = mem.search(q["text"], windows=q[windows], query_vector=q["vector"], k=k, exact=True)
+        rows.append(compare(a, b, exact_scores(mem, q["text"], None, q[windows], q["vector"])))
+    rows = np.array(rows, dtype=np.float64)
+    return {"same_top_k_set": round(rows[:, 0].mean(), 3), "same_top_k_order": round(rows[:, 1].mean(), 3),
+            "same_top_k_scores": round(rows[:, 2].mean(), 3)}
+
+
+def search_latencies(mem, queries, k: int, modes, depths) -> dict:
+    """Per window mode: exact, and the index-backed path at each dense depth (the faiss
+    candidates; exact scoring ranks up to ``rrf_depth`` = 1000 per list)."""
+    out = {}
+    for name in modes:
+        search = lambda exact: lambda q: mem.search(q["text"], windows=q[name], query_vector=q["vector"], k=k, exact=exact)
+        exact = latency(search(True), queries)
+        out[name] = {"exact": exact, "load_1min": load()}
+        for depth in depths:
+            mem.config.index_depth = depth
+            indexed = latency(search(False), queries)
+            out[name][f"index_depth_{depth}"] = {**indexed, "speedup_p50": round(exact["p50_ms"] / indexed["p50_ms"], 1),
+                                                 "load_1min": load(), **agreement(mem, queries, name, k)}
+    return out
+
+
+def bare_hnsw(mem, queries, k: int) -> dict | None:
+    import faiss
+
+    index = mem.state.faiss().hnsw
+    if index is None:
+        return None
+    params = faiss.SearchParametersHNSW(efSearch=max(mem.config.hnsw_ef_search, k))
+    return latency(lambda q: index.search(q["vector"].reshape(1, -1), k, params=params), queries)
 
 
 def run_scale(n: int, args, rng: np.random.Generator) -> dict:
-    from tider.retrieval.bm25 import BM25Index
-    from tider.retrieval.config import RetrievalConfig
-    from tider.retrieval.dense import DenseIndex
-    from tider.retrieval.retriever import DualChannelRetriever
-    from tider.types import Window, WindowPrediction
+    from tider.memory import TemporalMemory
 
     out: dict = {"messages": n}
-    (memory, texts), out["build_memory_s"] = timed(synthetic_memory, n, rng)
-    vecs = rng.normal(size=(n, args.dim)).astype(np.float32)
-    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    bm25, out["build_bm25s_s"] = timed(BM25Index.from_texts, texts, backend="bm25s")
-    flat, out["build_faiss_flat_s"] = timed(DenseIndex, vecs, kind="flat")
-    out["dense_vectors_mb"] = round(vecs.nbytes / 2**20, 1)
-    sparse = bm25._model.scores
-    out["bm25s_index_mb"] = round(sum(sparse[k].nbytes for k in ("data", "indices", "indptr")) / 2**20, 1)
-    hnsw = None
-    if n <= args.hnsw_max:
-        hnsw, out["build_faiss_hnsw_s"] = timed(DenseIndex, vecs, kind="hnsw")
-    out["max_rss_mb_after_build"] = round(rss_mb(), 1)
+    msgs, vecs = corpus(n, args.dim, rng)
+    queries = query_set(args.queries, args.dim, rng)
+    path = Path(args.workdir) / f"store-{n}"
+    reuse = args.reuse and (path / "tider_memory.json").exists()
+    if not reuse:
+        shutil.rmtree(path, ignore_errors=True)
+    from tider.retrieval.config import RetrievalConfig
 
-    queries = [" ".join(f"w{r}" for r in np.minimum(rng.zipf(1.3, size=4), 50_000) - 1) for _ in range(args.queries)]
-    qvecs = rng.normal(size=(args.queries, args.dim)).astype(np.float32)
-    qvecs /= np.linalg.norm(qvecs, axis=1, keepdims=True)
-    span = memory.span
-    preds = []
-    for _ in range(args.queries):  # one or two 30-day windows, like a locator prediction
-        ws = []
-        for _ in range(int(rng.integers(1, 3))):
-            a = span.start + timedelta(days=float(rng.uniform(0, 3 * 365 - 30)))
-            ws.append(Window(a, a + timedelta(days=30)))
-        preds.append(WindowPrediction(True, tuple(sorted(ws))))
-    retr = DualChannelRetriever(memory, bm25, flat, RetrievalConfig(k=args.k, semantic="hybrid"))
-    idx = range(args.queries)
-
-    lat = {
-        "dense_faiss_flat_topk": latency_ms(lambda i: flat.search(qvecs[i], args.k), idx),
-        "dense_full_scores": latency_ms(lambda i: flat.scores(qvecs[i]), idx),
-        "bm25s_topk": latency_ms(lambda i: bm25.search(queries[i], args.k), idx),
-        "temporal_faiss_idselector_range": latency_ms(
-            lambda i: [flat.search(qvecs[i], args.k, id_range=memory.id_range(w)) for w in preds[i].windows], idx),
-        "hybrid_similarity": latency_ms(lambda i: retr.similarity(queries[i], qvecs[i]), idx),
-        "dual_channel_total": latency_ms(lambda i: retr.rank(retr.similarity(queries[i], qvecs[i]), preds[i], args.k), idx),
-    }
-    sims = [retr.similarity(queries[i], qvecs[i]) for i in idx]
-    lat["dual_channel_rank_given_similarity"] = latency_ms(lambda i: retr.rank(sims[i], preds[i], args.k), idx)
-    if hnsw is not None:
-        lat["dense_faiss_hnsw_topk"] = latency_ms(lambda i: hnsw.search(qvecs[i], args.k), idx)
-    out["latency"] = lat
-
-    # bm25s vs rank-bm25 on the same tokens and queries (rank-bm25 on a subset at scale)
-    rank_bm25, out["build_rank_bm25_s"] = timed(BM25Index, bm25.token_lists, backend="rank_bm25")
-    sub = queries[: args.rank_bm25_queries if n > 10_000 else len(queries)]
-    _, t_fast = timed(lambda: [bm25.search(q, args.k) for q in sub])
-    _, t_ref = timed(lambda: [rank_bm25.search(q, args.k) for q in sub])
-    out["bm25_throughput"] = {"queries": len(sub), "bm25s_qps": round(len(sub) / t_fast, 1),
-                              "rank_bm25_qps": round(len(sub) / t_ref, 2), "speedup": round(t_ref / t_fast, 1)}
-    del rank_bm25
+    # HNSW's one-thread build at 1M takes tens of minutes (more on a shared CPU): --hnsw-max
+    # keeps larger sizes on the exact flat index, so their rows measure everything else.
+    config = RetrievalConfig() if n <= args.hnsw_max else RetrievalConfig(hnsw_min_messages=10**12)
+    mem = TemporalMemory(path, config=config, embedder=NoEmbedder(), granularity="minute", cache_elements=0)
+    batch = max(1, n // 20)
+    if reuse:  # search timings only: the build figures come from the run that built the store
+        out["reused_store"] = str(path)
+    else:
+        _, t_add = timed(lambda: [mem.add(msgs[i:i + batch], vectors=vecs[i:i + batch]) for i in range(0, n, batch)])
+        out["add_msgs_per_s"] = round(n / t_add, 1)
+    del msgs, vecs  # the store holds its own copy: keep the bench's peak memory down (1M: ~2 GB)
+    _, out["build_bm25_s"] = timed(mem.state.bm25)
+    _, out["build_faiss_s"] = timed(mem.state.faiss)
+    out["faiss"] = "hnsw + flat tail" if mem.state.faiss().hnsw is not None else "flat (exact)"
+    _, out["build_timeline_s"] = timed(lambda: mem.timeline)
+    out["max_rss_mb"] = rss_mb()
+    out["search"] = search_latencies(mem, queries, args.k, ["none", "window"], [int(d) for d in args.depths.split(",")])
+    out["bare_faiss_hnsw_top20"] = bare_hnsw(mem, queries, args.k)
+    mem.close()
+    out["store_mb"] = round(int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True).stdout.split()[0]) / 2**20, 1)
+    q = queries[0]
+    _, out["reopen_s"] = timed(lambda: TemporalMemory(path, config=config, embedder=NoEmbedder()).search(
+        q["text"], windows=q["window"], query_vector=q["vector"], k=args.k, exact=False))
+    out["load_1min"] = load()
+    if not args.keep:
+        shutil.rmtree(path, ignore_errors=True)
     return out
+
+
+def run_real(args) -> dict:
+    """Agreement, recall and latency on real MiniLM vectors: every synthetic-benchmark
+    conversation as one memory (its own queries), HNSW forced, index-backed vs exact."""
+    from tider.data import load_dataset
+    from tider.eval.metrics import query_metrics
+    from tider.memory import TemporalMemory
+    from tider.retrieval.config import RetrievalConfig
+    from tider.types import NON_TEMPORAL, Memory, WindowPrediction
+
+    ds = load_dataset("synthetic")
+    merged = Memory("all", [replace(m, key=f"{k}/{m.key}", id=i) for i, (k, m) in
+                            enumerate((k, m) for k, memory in ds.memories.items() for m in memory)], ds.granularity)
+    remap = {(k, m.id): merged.id_of(f"{k}/{m.key}") for k, memory in ds.memories.items() for m in memory}
+    rng = np.random.default_rng(0)
+    queries = [ds.queries[i] for i in rng.choice(len(ds.queries), size=min(args.real_queries, len(ds.queries)), replace=False)]
+    golds = [[remap[(q.memory_key, i)] for i in q.gold.evidence_ids] for q in queries]
+    out = {"messages": len(merged), "queries": len(queries), "load_1min": load()}
+    # faiss HNSW forced (what a >= 50k-message memory uses), and the default at this size (exact flat)
+    for faiss_kind, hnsw_min in (("hnsw", 0), ("flat", RetrievalConfig().hnsw_min_messages)):
+        mem = TemporalMemory(None, config=RetrievalConfig(index_min_messages=0, hnsw_min_messages=hnsw_min),
+                             granularity=ds.granularity, cache_elements=0)
+        mem.add(merged.messages)
+        vectors = mem.state.embed_queries([q.text for q in queries])
+        for name in ("none", "oracle"):
+            preds = [NON_TEMPORAL if name == "none" else WindowPrediction(q.gold.temporal, tuple(q.gold.windows))
+                     for q in queries]
+
+            def run(exact):
+                hits, times = [], []
+                for q, v, p in zip(queries, vectors, preds):
+                    t0 = time.perf_counter()
+                    hits.append(mem.search(q.text, asked_at=q.asked_at, windows=p, k=args.k, query_vector=v, exact=exact))
+                    times.append(1e3 * (time.perf_counter() - t0))
+                scored = [query_metrics(h.positions, g, [args.k]) for h, g in zip(hits, golds)]
+                recall = sum(m[f"hits@{args.k}"] for m in scored) / max(1, sum(m["n_gold"] for m in scored))  # micro
+                return hits, {"p50_ms": round(float(np.percentile(times, 50)), 3), "recall": round(float(recall), 4)}
+
+            exact_hits, out[f"{name}_exact"] = run(True)
+            scores = [exact_scores(mem, q.text, q.asked_at, p, v) for q, v, p in zip(queries, vectors, preds)]
+            for depth in [int(d) for d in args.depths.split(",")]:
+                mem.config.index_depth = depth
+                hits, row = run(False)
+                same = np.array([compare(a, b, sc) for a, b, sc in zip(hits, exact_hits, scores)], dtype=np.float64)
+                row.update(same_top_k_set=round(same[:, 0].mean(), 3), same_top_k_order=round(same[:, 1].mean(), 3),
+                           same_top_k_scores=round(same[:, 2].mean(), 3))
+                out[f"{name}_{faiss_kind}_index_depth_{depth}"] = row
+    return out
+
+
+def markdown(results: dict) -> str:
+    """The README tables from a results file (``--table``)."""
+    lines = [f"Hardware: {results['hardware']}; {results['threads']} thread; dense: {results['dense']}", "",
+             "| messages | add msg/s | build bm25s / faiss / timeline (s) | RSS MB | store MB | reopen s | "
+             "window | exact p50/p95 | index (depth 1000) p50/p95 | same top-20 | index (depth 100) p50/p95 | "
+             "same top-20 | bare HNSW top-20 p50 | load |", "|" + "---|" * 14]
+    for r in results["scales"]:
+        hnsw = r.get("bare_faiss_hnsw_top20")
+        for mode, row in r["search"].items():
+            blank = {"p50_ms": float("nan"), "p95_ms": float("nan"), "same_top_k_set": float("nan")}
+            d1, d2, ex = row.get("index_depth_1000", blank), row.get("index_depth_100", blank), row["exact"]
+            lines.append(
+                f"| {r['messages']:,} | {r.get('add_msgs_per_s', '-')} | {r['build_bm25_s']:.1f} / {r['build_faiss_s']:.1f} "
+                f"({r['faiss']}) / {r['build_timeline_s']:.1f} | {r['max_rss_mb']:.0f} | {r['store_mb']:.0f} | "
+                f"{r['reopen_s']:.1f} | {mode} | {ex['p50_ms']:.1f} / {ex['p95_ms']:.1f} | {d1['p50_ms']:.1f} / "
+                f"{d1['p95_ms']:.1f} | {d1['same_top_k_set']:.2f} | {d2['p50_ms']:.1f} / {d2['p95_ms']:.1f} | "
+                f"{d2['same_top_k_set']:.2f} | {hnsw['p50_ms'] if hnsw else '-'} | {row['load_1min']} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--queries", type=int, default=50)
-    parser.add_argument("--rank-bm25-queries", type=int, default=5)
-    parser.add_argument("--hnsw-max", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--depths", default="100,1000", help="dense candidate depths of the index-backed path")
+    parser.add_argument("--real", action="store_true", help="also the real-vector agreement (embeds ~22k messages)")
+    parser.add_argument("--real-only", action="store_true", help="only the real-vector part (--out gets just it)")
+    parser.add_argument("--real-queries", type=int, default=300)
+    parser.add_argument("--workdir", default="runs/bench_retrieval_stores")
+    parser.add_argument("--keep", action="store_true", help="keep the stores")
+    parser.add_argument("--reuse", action="store_true", help="search a store an earlier --keep run left (timings only)")
+    parser.add_argument("--hnsw-max", type=int, default=10**12, help="sizes above this stay on the flat faiss index")
     parser.add_argument("--out", default="runs/bench_retrieval.json")
+    parser.add_argument("--table", default=None, help="print the README table of this results file and exit")
     args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(Path(args.table).read_text())))
+        return
 
     import faiss
 
     faiss.omp_set_num_threads(1)
-    rng = np.random.default_rng(0)
-    results = {"hardware": f"{os.cpu_count()} CPU cores visible, 1 thread used (OMP/faiss), no GPU",
-               "dense": "random unit vectors, dim %d (not real embeddings)" % args.dim, "scales": []}
-    for n in [int(s) for s in args.sizes.split(",")]:
-        r = run_scale(n, args, rng)
+    results = {"hardware": hardware(), "threads": 1, "command": "bench/bench_retrieval.py",
+               "dense": f"random unit vectors, dim {args.dim} (not real embeddings)", "scales": []}
+    for n in ([] if args.real_only else [int(s) for s in args.sizes.split(",")]):
+        r = run_scale(n, args, np.random.default_rng(n))
         results["scales"].append(r)
-        print(json.dumps(r, indent=2), flush=True)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
+        print(json.dumps(r, indent=1), flush=True)
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    if args.real or args.real_only:
+        results["real_vectors"] = run_real(args)
+        print(json.dumps(results["real_vectors"], indent=1), flush=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -38,14 +38,14 @@ def main() -> None:
     from tider.eval.retrieval import eligible_queries, quick_eval
     from tider.locator.dbscan import PAPER, DBSCANWindows
     from tider.locator.sources import make_source
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
     from tider.train.examples import split_keys
 
     dataset = load_dataset(args.dataset, args.path)
     splits = split_keys(dataset.memories)
     tune_keys = splits["train"] + splits["validation"]
     queries = eligible_queries(dataset, memory_keys=tune_keys)
-    store = RetrievalStore(dataset)
+    store = MemoryCollection(dataset.memories)
     store.prepare(queries)
     print(f"tuning on {len(queries)} queries of {tune_keys} (test conversations {splits['test']} held out)")
 
@@ -63,7 +63,7 @@ def main() -> None:
 
     timeline_rows = []
     for theta in (0.85, 0.5, 0.35, 0.2):
-        tstore = RetrievalStore(dataset, replace(store.config, timeline=replace(store.config.timeline, theta_sem=theta)),
+        tstore = MemoryCollection(dataset.memories, replace(store.config, timeline=replace(store.config.timeline, theta_sem=theta)),
                                 embedder=store.embedder)
         sizes = [len(tstore.timeline(k)) for k in tune_keys]
         for top_m in (1, 3, 5, 10):

@@ -1,7 +1,7 @@
 """How big the timeline's event clusters are for each ``theta_sem`` (the README "Timeline"
 figures and the ``TimelineConfig`` default come from this run).
 
-For every setting, the timelines of all memories are built exactly as ``RetrievalStore``
+For every setting, the timelines of all memories are built exactly as ``tider.memory``
 builds them (the store's embedded text, the offline MiniLM model, embeddings cached on
 disk) and the script reports entries per conversation, members per entry and the share of
 memories whose K=30 prompt lines cover every entry. The paper's 0.85 makes about one entry

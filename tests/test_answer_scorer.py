@@ -30,10 +30,10 @@ def spy(monkeypatch):
 @pytest.fixture(scope="module")
 def world():
     from tider.data.synth import generate
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     ds = generate(300, seed=3, n_conversations=1)
-    return ds, RetrievalStore(ds)
+    return ds, MemoryCollection(ds.memories)
 
 
 @pytest.fixture(scope="module")

@@ -28,10 +28,10 @@ def checkpoint(tiny_qwen3_dir, tmp_path):
 @pytest.fixture(scope="module")
 def world():
     from tider.data.synth import generate
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     ds = generate(200, seed=1, n_conversations=1)
-    return ds, RetrievalStore(ds)
+    return ds, MemoryCollection(ds.memories)
 
 
 def test_locator_source_needs_a_model_or_url(tmp_path):
@@ -87,12 +87,12 @@ def test_a_store_building_other_timelines_is_refused(checkpoint, world):
 
     from tider.locator.contract import input_settings
     from tider.retrieval.config import RetrievalConfig
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     ds, store = world
     LocatorMetadata(**SETTINGS, **input_settings(store.config)).write(checkpoint.parent)
     assert make_source("locator", model=str(checkpoint), store=store).top_k == 3  # same timeline: fine
-    other = RetrievalStore(ds, RetrievalConfig(timeline=replace(RetrievalConfig().timeline, theta_sem=0.85),
+    other = MemoryCollection(ds.memories, RetrievalConfig(timeline=replace(RetrievalConfig().timeline, theta_sem=0.85),
                                                embed_template="{text}"))
     with pytest.raises(LocatorContractError, match=r"timeline.theta_sem: trained 0.35, now 0.85; embed_template"):
         make_source("locator", model=str(checkpoint), store=other)

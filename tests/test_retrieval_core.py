@@ -13,9 +13,9 @@ from tider.locator.sources import (NoWindows, OracleWindows, ensure_not_evaluati
 from tider.retrieval import channels
 from tider.retrieval.bm25 import BM25Index, expand_message
 from tider.retrieval.config import RetrievalConfig, TimelineConfig
-from tider.retrieval.dense import DenseIndex, range_union_search
+from tider.retrieval.dense import FaissRows
 from tider.retrieval.rerank import decay, rerank_scores
-from tider.retrieval.retriever import DualChannelRetriever
+from tider.retrieval.retriever import dual_channel_rank
 from tider.retrieval.timeline import cluster_messages
 from tider.types import Gold, Memory, Message, Query, Window, WindowPrediction
 
@@ -78,24 +78,33 @@ def test_metadata_expansion_and_save_load(tmp_path):
     assert not list((tmp_path / "bm25").rglob("*.pkl"))
 
 
-@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
-def test_faiss_range_search_and_roundtrip(kind, tmp_path):
+@pytest.mark.parametrize("hnsw_min", [0, 10**9])
+def test_faiss_rows_past_selectors_and_roundtrip(hnsw_min, tmp_path):
+    """Flat, and HNSW over whole chunks plus a flat tail; "only the past" as a row prefix
+    and as a bitmap; a saved graph reloads and catches up with new rows."""
+    from tider.retrieval.dense import CHUNK
+
     rng = np.random.default_rng(0)
-    vecs = rng.normal(size=(200, 16)).astype(np.float32)
+    vecs = rng.normal(size=(CHUNK + 300, 16)).astype(np.float32)
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    index = DenseIndex(vecs, kind=kind, ivf_lists=4, nprobe=4)
+    index = FaissRows(16, hnsw_min)
+    index.add(vecs[:1000])
+    index.add(vecs)  # catches up: rows 1000 ..
+    assert index.n == len(vecs) and (index.hnsw is not None) == (hnsw_min == 0)
     q = vecs[7] + 0.01
-    ids, _ = index.search(q, 5, id_range=(50, 120))
-    assert all(50 <= i < 120 for i in ids[0] if i >= 0)
-    if kind == "flat":  # exact: the in-range best equals the argmax of the slice
-        assert ids[0][0] == 50 + int(np.argmax(index.scores(q)[50:120]))
-        both, _ = range_union_search(index, q, 3, [(0, 10), (100, 110)])
-        sc = index.scores(q)
-        pool = list(range(0, 10)) + list(range(100, 110))
-        assert both.tolist() == sorted(pool, key=lambda i: -sc[i])[:3]
+    exact = np.argsort(-(vecs @ q), kind="stable")
+    rows, _ = index.search(q, 5, None, ef_search=64)
+    assert exact[0] in rows
+    rows, _ = index.search(q, 50, 2000, ef_search=64)  # a prefix: rows < 2000
+    assert len(rows) and rows.max() < 2000
+    mask = np.zeros(len(vecs), dtype=bool)
+    mask[CHUNK + 10:CHUNK + 20] = True  # only tail rows
+    mask[100:110] = True
+    rows, _ = index.search(q, 50, mask, ef_search=64)
+    assert set(rows.tolist()) <= set(np.flatnonzero(mask).tolist()) and len(rows) >= 10
     index.save(tmp_path / "dense")
-    again = DenseIndex.load(tmp_path / "dense")
-    assert again.search(q, 5)[0].tolist() == index.search(q, 5)[0].tolist()
+    again = FaissRows.load(tmp_path / "dense", {"graph_rows": index.graph_rows}, 16, hnsw_min, 32, vecs)
+    assert again.search(q, 5, None, 64)[0].tolist() == index.search(q, 5, None, 64)[0].tolist()
 
 
 def test_timeline_clusters_by_time_similarity_and_cap():
@@ -134,18 +143,18 @@ def test_dual_channel_promotes_in_window_evidence_and_non_temporal_is_semantic()
     vecs[41] = unit([1, 0, 0, 0])  # day 20: the best semantic match
     query = unit([1, 0, 0, 0])
     cfg = RetrievalConfig(k=5, semantic="dense")
-    retr = DualChannelRetriever(mem, BM25Index.from_messages(mem.messages), DenseIndex(vecs), cfg)
-    sim = channels.semantic_similarity(retr.dense.scores(query), None, "dense")
-    ids, scores = retr.rank(sim, WindowPrediction(False), 5)
+    ts_days = np.array([channels.to_days(t) for t in mem.timestamps])
+    sim = channels.semantic_similarity(vecs @ query, None, "dense")
+    ids, scores = dual_channel_rank(sim, ts_days, WindowPrediction(False), cfg, 5)
     assert ids.tolist() == channels.top_k(sim, 5).tolist()
     day20 = T0 + timedelta(days=20)
-    ids_w, scores_w = retr.rank(sim, WindowPrediction(True, (Window(day20, day20),)), 5)
+    ids_w, scores_w = dual_channel_rank(sim, ts_days, WindowPrediction(True, (Window(day20, day20),)), cfg, 5)
     assert 40 not in ids.tolist() and 40 in ids_w.tolist()  # the window recovers the weak evidence
     assert ids_w[0] == 41 and scores_w[0] == pytest.approx(sim[41] + 0.3)
     assert np.all(np.diff(scores_w) <= 0)
     # temporal=False in the config forces the semantic path even with windows
-    off = DualChannelRetriever(mem, retr.bm25, retr.dense, RetrievalConfig(k=5, semantic="dense", temporal=False))
-    assert off.rank(sim, WindowPrediction(True, (Window(day20, day20),)), 5)[0].tolist() == ids.tolist()
+    off = RetrievalConfig(k=5, semantic="dense", temporal=False)
+    assert dual_channel_rank(sim, ts_days, WindowPrediction(True, (Window(day20, day20),)), off, 5)[0].tolist() == ids.tolist()
 
 
 def test_hybrid_similarity_is_rrf():

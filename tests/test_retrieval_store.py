@@ -1,4 +1,4 @@
-"""RetrievalStore, Embedder cache and window sources with the real MiniLM model."""
+"""MemoryCollection (the harness's memories), Embedder cache and window sources with the real MiniLM model."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from tider.locator.sources import gold_predictions, make_source
+from tider.scoring import evidence_coverage
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.embed import Embedder
-from tider.types import Dataset, Gold, Memory, Message, Query, Window, WindowPrediction
+from tider.types import Gold, Memory, Message, Query, Window, WindowPrediction
 
 LOCOMO = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "locomo" / "locomo_dev.json"
 T0 = datetime(2023, 1, 2, 10, 0)
@@ -34,10 +35,13 @@ def toy(embedder):
     q = Query("toy:q0", "toy", "What did Max chew?", T0 + timedelta(days=300), user="Bo",
               gold=Gold(evidence_ids=(4, 8), windows=(Window(T0 + timedelta(days=80), T0 + timedelta(days=80)),),
                         temporal=True))
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
-    ds = Dataset("toy", "day", {"toy": mem}, [q])
-    return RetrievalStore(ds, RetrievalConfig(k=3), embedder=embedder), q
+    return MemoryCollection({"toy": mem}, RetrievalConfig(k=3), embedder=embedder), q
+
+
+def _coverage(store, q, pred, k):
+    return evidence_coverage(store.retrieve(q.public(), pred, k)[0].tolist(), q.gold.evidence_ids, k)
 
 
 def test_embedder_is_normalised_and_cached_on_disk(embedder):
@@ -55,7 +59,7 @@ def crowded(embedder):
     its extra words make it the least similar of the five to the question, so the semantic
     channel ranks it fifth; the gold window (day 80, alone inside even with the 14-day
     buffer) is what finds it."""
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     texts = ["Max chewed my new shoes", "We went hiking in the Alps"] * 5
     texts[4] = "Max chewed my new shoes out in the garden shed"
@@ -64,8 +68,7 @@ def crowded(embedder):
     day80 = Window(T0 + timedelta(days=80), T0 + timedelta(days=80))
     q = Query("c:q0", "c", "What did Max chew?", T0 + timedelta(days=300),
               gold=Gold(evidence_ids=(4,), windows=(day80,), temporal=True))
-    ds = Dataset("crowded", "day", {"c": Memory("c", msgs)}, [q])
-    return RetrievalStore(ds, RetrievalConfig(k=1), embedder=embedder), q
+    return MemoryCollection({"c": Memory("c", msgs)}, RetrievalConfig(k=1), embedder=embedder), q
 
 
 def test_store_coverage_is_what_the_windows_retrieve(crowded):
@@ -75,10 +78,10 @@ def test_store_coverage_is_what_the_windows_retrieve(crowded):
     ids, scores = store.retrieve(q.public(), none, 5)
     assert set(ids[:4].tolist()) == {0, 2, 6, 8} and ids[4] == 4 and np.all(np.diff(scores) <= 0)
     assert store.retrieve(q.public(), oracle, 1)[0].tolist() == [4]
-    assert store.coverage(q, none, 1) == 0.0 and store.coverage(q, oracle, 1) == 1.0
-    assert store.coverage(q, none, 4) == 0.0 and store.coverage(q, none, 5) == 1.0
-    assert store.coverage(q, none, 1, gold_ids=[0]) == 1.0  # explicit gold ids win over query.gold
-    assert store.coverage_batch([q, q], [none, oracle], 1) == [0.0, 1.0]
+    # coverage (the reward side's function) of what each prediction retrieves
+    assert _coverage(store, q, none, 1) == 0.0 and _coverage(store, q, oracle, 1) == 1.0
+    assert _coverage(store, q, none, 4) == 0.0 and _coverage(store, q, none, 5) == 1.0
+    assert evidence_coverage(store.retrieve(q.public(), none, 1)[0].tolist(), [0], 1) == 1.0
 
 
 def test_store_sources(toy):
@@ -99,13 +102,12 @@ def test_store_sources(toy):
 def test_oracle_beats_none_on_a_locomo_slice():
     from tider.data import load_dataset
     from tider.eval.retrieval import eligible_queries, quick_eval
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     full = load_dataset("locomo", str(LOCOMO))
     key = sorted(full.memories)[0]
     queries = eligible_queries(full, memory_keys=[key], limit=80)
-    ds = Dataset(full.name, full.granularity, {key: full.memories[key]}, queries)
-    store = RetrievalStore(ds)
+    store = MemoryCollection({key: full.memories[key]})
     oracle = quick_eval(store, make_source("oracle", gold_by_key=gold_predictions(queries)), queries)
     none = quick_eval(store, make_source("none"), queries)
     paper = quick_eval(store, make_source("dbscan-paper", store=store), queries)
@@ -115,12 +117,12 @@ def test_oracle_beats_none_on_a_locomo_slice():
 
 
 def test_empty_memory_is_a_clear_error(embedder):
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
     from tider.types import NON_TEMPORAL
 
     q = Query("q", "empty", "anything?", T0)
-    store = RetrievalStore(Dataset("x", "day", {"empty": Memory("empty", [])}, [q]), embedder=embedder)
-    with pytest.raises(ValueError, match="memory 'empty' of dataset 'x' has no messages"):
+    store = MemoryCollection({"empty": Memory("empty", [])}, embedder=embedder)
+    with pytest.raises(ValueError, match="memory 'empty' has no messages"):
         store.retrieve(q, NON_TEMPORAL, 5)
-    with pytest.raises(KeyError, match="not in dataset"):
+    with pytest.raises(KeyError, match="not in this collection"):
         store.indexes("missing")

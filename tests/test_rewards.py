@@ -1,5 +1,5 @@
 """GRPO rewards: hand-computed values, malformed completions, registry behaviour, and the
-retrieval-backed rewards against the real RetrievalStore."""
+retrieval-backed rewards against the real memories (tider.memory.MemoryCollection)."""
 
 from __future__ import annotations
 
@@ -94,10 +94,10 @@ def test_registry_names_duplicates_and_unknown():
 @pytest.fixture(scope="module")
 def small_world():
     from tider.data.synth import generate
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     ds = generate(400, seed=3, n_conversations=2)
-    return ds, RetrievalStore(ds)
+    return ds, MemoryCollection(ds.memories)
 
 
 def _gold_json(q, g="day"):

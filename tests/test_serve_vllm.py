@@ -54,14 +54,14 @@ def exported_locator(tmp_path_factory):
 def synthetic_slice(exported_locator):
     """Test-split queries of the synthetic data the recipe trained on (same generator settings)."""
     from tider.data.synth import generate
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
     from tider.train.examples import split_queries
 
     meta = json.loads((exported_locator / "tider_locator.json").read_text())
     assert meta["dataset_name"] == "synthetic"
     dataset = generate(SYNTH["n_messages"], seed=0, n_conversations=SYNTH["n_conversations"])  # as trained
     queries = split_queries(dataset, seed=meta["split_seed"])["test"][:N_QUERIES]
-    store = RetrievalStore(dataset)
+    store = MemoryCollection(dataset.memories)
     return queries, store
 
 

@@ -31,10 +31,10 @@ def test_split_keys_deterministic_disjoint_and_complete():
 @pytest.fixture(scope="module")
 def small():
     from tider.data.synth import generate
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     ds = generate(400, seed=5, n_conversations=4)
-    return ds, RetrievalStore(ds)
+    return ds, MemoryCollection(ds.memories)
 
 
 def test_queries_split_by_memory_never_by_query(small):

@@ -78,14 +78,14 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
     from tider.locator.contract import LocatorMetadata
     from tider.locator.parse import parse_prediction
     from tider.locator.sources import make_source
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
     from tider.types import NON_TEMPORAL
 
     meta = LocatorMetadata.read(grpo)
     assert meta.granularity == "day" and meta.timeline_top_k == 4 and meta.max_prompt_tokens == 384
     assert meta.timeline["theta_sem"] == 0.35 and meta.embedding_model == "sentence-transformers/all-MiniLM-L6-v2"
     ds = generate(600, seed=0, n_conversations=3)
-    store = RetrievalStore(ds)
+    store = MemoryCollection(ds.memories)
     source = make_source("locator", model=str(grpo), store=store)
     assert (source.top_k, source.max_prompt_tokens) == (4, 384)
     queries = ds.queries[:4]

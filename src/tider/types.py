@@ -106,6 +106,21 @@ class Memory:
         self.timestamps: list[datetime] = [m.timestamp for m in self.messages]
         self._by_key = {m.key: m.id for m in self.messages}
 
+    def append(self, messages: Sequence[Message]) -> None:
+        """Add messages that sort after every stored one (by time, then by the given id),
+        numbered on from ``len(self)``: the in-order fast path of an incremental memory."""
+        if not messages:
+            return
+        ordered = sorted(messages, key=lambda m: (m.timestamp, m.id))
+        if self.messages and ordered[0].timestamp < self.timestamps[-1]:
+            raise ValueError(f"memory {self.key!r}: append() needs messages at or after {self.timestamps[-1]}")
+        start = len(self.messages)
+        for i, m in enumerate(ordered, start):
+            m = replace(m, id=i)
+            self.messages.append(m)
+            self.timestamps.append(m.timestamp)
+            self._by_key[m.key] = i
+
     def __len__(self) -> int:
         return len(self.messages)
 

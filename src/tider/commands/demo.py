@@ -116,9 +116,9 @@ def run(args) -> int:
 
     # 2. Timeline and indexes (embeddings are cached on disk; training and evaluation reuse them).
     t0 = _banner("2/7", "timeline + BM25/faiss indexes")
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
-    store = RetrievalStore(dataset)
+    store = MemoryCollection(dataset.memories)
     store.prepare(dataset.queries)
     n_entries = sum(len(store.timeline(k)) for k in dataset.memories)
     print(f"timeline: {n_entries} event clusters over {len(dataset.memories)} memories")

@@ -30,13 +30,14 @@ from typing import Callable, Optional, Sequence
 from tider import scoring
 from tider.eval.leakage import LeakageValidator
 from tider.eval.runner import Stage, StageRunner, file_hash, fingerprint_of
-from tider.forest.compress import IDF, compress_forest, truncate_to_budget, whitespace_tokens
-from tider.forest.linearize import forest_rows, render_flat, render_forest, rows_to_json
+from tider.forest.compress import IDF, truncate_to_budget, whitespace_tokens
+from tider.forest.linearize import fit_forest, forest_rows, render_flat, render_forest, rows_to_json
 from tider.forest.prompts import (READER_SYSTEM, SELECTION_SYSTEM, STRUCTURING_SYSTEM, judge_messages, parse_verdict,
                                  prompt_hash, reader_messages, render_message)
 from tider.forest.select import select_evidence
 from tider.forest.structure import Forest, LLMRelationClassifier, build_forest, make_classifier
 from tider.llm.jsonout import strip_think
+from tider.memory.context import past_windows
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset, Query, Window, window_bucket
 
@@ -108,12 +109,12 @@ def _spent(client, stage: str, fn: Callable[[], dict]) -> dict:
 class QARun:
     def __init__(self, dataset: Dataset, config: QAConfig, reader, judge, selector=None,
                  count_tokens: Optional[Callable[[str], int]] = None, store=None):
-        from tider.retrieval.store import RetrievalStore
+        from tider.memory import MemoryCollection
 
         self.dataset, self.config = dataset, config
         self.reader, self.judge, self.selector = reader, judge, selector or reader
         self.count_tokens = count_tokens or whitespace_tokens
-        self.store = store or RetrievalStore(dataset, config.retrieval)
+        self.store = store or MemoryCollection(dataset.memories, config.retrieval)
         self.validator = LeakageValidator(dataset.memories)
         self.idf = {k: IDF(m.text for m in mem) for k, mem in dataset.memories.items()}
         self.classifier = (LLMRelationClassifier(self.selector, max_tokens=config.structure_max_tokens)
@@ -168,6 +169,7 @@ class QARun:
             seeds = rec["ids"]
             pred = rec["prediction"]
             windows = [Window(_t(a), _t(b)) for a, b in rec["windows_exact"]] if pred["temporal"] else []
+            windows = past_windows(windows, query.asked_at, self.config.retrieval.past_only)
             if not (self.config.selection and windows):
                 return {"ids": seeds, "windows": [], "errors": 0, "invalid_ids": 0}
             public, memory = query.public(), self.store.memory(query.memory_key)
@@ -234,28 +236,12 @@ class QARun:
             if self.config.compression == "truncate":
                 text = truncate_to_budget(render_forest(forest_rows(forest, g)), budget, self.count_tokens)
                 return {"context": text, "context_ids": ids, "tokens": self.count_tokens(text), "over_budget": False}
-            # B bounds the serialized forest: the per-node metadata (index, parent, relation,
-            # depth, time, author) comes off the budget before the spans share the rest.
-            skeleton = forest_rows(forest, g)
-            for row in skeleton:
-                row.text = ""
-            overhead = self.count_tokens(render_forest(skeleton))
-            span_budget = max(0, budget - overhead)
-            for _ in range(8):
-                comp = compress_forest(forest, query.public().text, self.idf[query.memory_key], span_budget,
-                                       self.count_tokens)
-                rows = forest_rows(forest, g, comp)
-                text = render_forest(rows)
-                # Omission markers and joins cost a few tokens the span sum does not see:
-                # tighten the span budget by the excess and compress again.
-                excess = self.count_tokens(text) - budget
-                if excess <= 0 or comp.over_budget or span_budget == 0:
-                    break
-                span_budget = max(0, min(span_budget, comp.retained_tokens()) - excess)
-            comp.over_budget = comp.over_budget or self.count_tokens(text) > budget
-            return {"context": text, "context_ids": [r.message_id for r in rows], "rows": rows_to_json(rows),
+            fitted = fit_forest(forest, query.public().text, self.idf[query.memory_key], budget, self.count_tokens, g)
+            comp, text = fitted.compression, fitted.text
+            return {"context": text, "context_ids": [r.message_id for r in fitted.rows], "rows": rows_to_json(fitted.rows),
                     "tokens": self.count_tokens(text), "span_tokens": comp.retained_tokens(),
-                    "metadata_tokens": overhead, "over_budget": comp.over_budget, "omitted_spans": comp.omitted}
+                    "metadata_tokens": fitted.metadata_tokens, "over_budget": comp.over_budget,
+                    "omitted_spans": comp.omitted}
 
         return Stage(f"compress-{w}-{c}", run)
 

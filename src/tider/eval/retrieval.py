@@ -92,13 +92,13 @@ def quick_eval(store, source, queries: Sequence[Query], ks: Sequence[int] = (20,
     """Aggregate metrics of one source, in memory (no records on disk): for sweeps."""
     from tider.eval.metrics import aggregate
 
-    return aggregate([query_record(q, source, store, ks, store.dataset.granularity, mode) for q in queries], ks)
+    return aggregate([query_record(q, source, store, ks, store.granularity, mode) for q in queries], ks)
 
 
 def run_retrieval_eval(dataset: Dataset, config: RetrievalEvalConfig, out_dir: str | Path, data_path: str | None = None,
                        overwrite: bool = False, progress: bool = True) -> dict:
     from tider.locator.sources import gold_predictions
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     queries = eligible_queries(dataset, config.exclude_categories, config.memory_keys, config.limit)
     if not queries:
@@ -112,7 +112,7 @@ def run_retrieval_eval(dataset: Dataset, config: RetrievalEvalConfig, out_dir: s
                    "retrieval": config.retrieval.to_json()},
     }
     runner = StageRunner(out_dir, manifest, overwrite=overwrite)
-    store = RetrievalStore(dataset, config.retrieval)
+    store = MemoryCollection(dataset.memories, config.retrieval)
     store.prepare(queries)
     context = {"store": store, "gold_by_key": gold_predictions(queries), "source_options": config.source_options}
     records = {}

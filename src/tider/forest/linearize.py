@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
-from tider.forest.compress import Compression
+from tider.forest.compress import IDF, Compression, TokenCounter, compress_forest
 from tider.forest.structure import Forest
 from tider.types import Granularity, Message, format_time
 
@@ -73,3 +73,35 @@ def render_flat(messages: Sequence[Message], granularity: Granularity) -> str:
 
 def rows_to_json(rows: Sequence[Row]) -> list[dict]:
     return [asdict(r) for r in rows]
+
+
+@dataclass
+class FittedForest:
+    text: str
+    rows: list[Row]
+    compression: Compression
+    metadata_tokens: int  # what the per-node metadata costs, taken off the budget first
+
+
+def fit_forest(forest: Forest, question: str, idf: IDF, budget: int, count_tokens: TokenCounter,
+               granularity: Granularity) -> FittedForest:
+    """Compress and linearize ``forest`` so the serialized context fits ``budget`` tokens:
+    the per-node metadata (index, parent, relation, depth, time, author) comes off the
+    budget, the spans share the rest; omission markers and joins cost a few tokens the
+    span sum does not see, so the span budget is tightened by the excess and compressed
+    again (at most 8 rounds)."""
+    skeleton = forest_rows(forest, granularity)
+    for row in skeleton:
+        row.text = ""
+    overhead = count_tokens(render_forest(skeleton))
+    span_budget = max(0, budget - overhead)
+    for _ in range(8):
+        comp = compress_forest(forest, question, idf, span_budget, count_tokens)
+        rows = forest_rows(forest, granularity, comp)
+        text = render_forest(rows)
+        excess = count_tokens(text) - budget
+        if excess <= 0 or comp.over_budget or span_budget == 0:
+            break
+        span_budget = max(0, min(span_budget, comp.retained_tokens()) - excess)
+    comp.over_budget = comp.over_budget or count_tokens(text) > budget
+    return FittedForest(text, rows, comp, overhead)

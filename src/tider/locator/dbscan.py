@@ -68,7 +68,7 @@ def _from_days(d: float):
 
 
 class DBSCANWindows(BaseSource):
-    """Needs the BM25 index of each memory: pass the ``RetrievalStore`` as ``store``."""
+    """Needs the BM25 index of each memory: pass the ``MemoryCollection`` (or a ``TemporalMemory``) as ``store``."""
 
     def __init__(self, store, config: DBSCANConfig, name: str):
         self.store, self.config, self.name = store, config, name

@@ -3,7 +3,7 @@
 Interface (``WindowSource``): ``name``, ``predict(query, memory, timeline)``, optionally
 ``predict_batch(queries, memories, timelines)``; a source receives ``query.public()``
 (no gold) at inference. Sources that need indexes (``dbscan-*``) take a
-``RetrievalStore`` as ``store=`` at construction.
+``tider.memory.MemoryCollection`` (or one ``TemporalMemory``) as ``store=`` at construction.
 
 Registry: ``@register_source("name")`` on a class or factory; ``make_source(name, **kw)``
 builds one (unknown names fail with the list of known ones). Sources living in other

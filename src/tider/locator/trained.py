@@ -24,7 +24,7 @@ model's own tokenizer: the local folder's, or else the server's through vLLM's
 prompt is truncated exactly as in training. Explicit ``top_k`` / ``max_prompt_tokens``
 override the recorded values (an experiment, no longer the training prompt).
 
-Given ``store=`` (the evaluation runners pass their ``RetrievalStore``), the store's
+Given ``store=`` (the evaluation runners pass their ``MemoryCollection``), the store's
 timeline settings and embedding model are checked against the ones recorded at training:
 a timeline built another way would show the locator lines it never saw.
 """

@@ -30,17 +30,31 @@ def to_days(ts: datetime) -> float:
     return (ts - EPOCH).total_seconds() / 86400.0
 
 
-def ranks_of(scores: np.ndarray, depth: int | None = None) -> np.ndarray:
-    """1-based rank of every row (ties: lower id first); rows past ``depth`` get +inf."""
+def ranked_ids(scores: np.ndarray, depth: int | None = None) -> np.ndarray:
+    """Ids of the ``depth`` best rows, best first (ties: lower id first); all rows if
+    ``depth`` is None or covers them."""
     n = scores.shape[0]
-    ranks = np.full(n, np.inf)
     if depth is not None and depth < n:
         top = np.argpartition(-scores, depth - 1)[:depth]
-        top = top[np.lexsort((top, -scores[top]))]
-    else:
-        top = np.lexsort((np.arange(n), -scores))
+        return top[np.lexsort((top, -scores[top]))]
+    return np.lexsort((np.arange(n), -scores))
+
+
+def ranks_of(scores: np.ndarray, depth: int | None = None) -> np.ndarray:
+    """1-based rank of every row (ties: lower id first); rows past ``depth`` get +inf."""
+    ranks = np.full(scores.shape[0], np.inf)
+    top = ranked_ids(scores, depth)
     ranks[top] = np.arange(1, len(top) + 1)
     return ranks
+
+
+def rrf_similarity(dense_ranks: np.ndarray, bm25_ranks: np.ndarray | None, rrf_k: int) -> np.ndarray:
+    """Hybrid ``sim`` from 1-based ranks (+inf = unranked), arithmetic as in
+    ``semantic_similarity`` so both give the same floats for the same ranks."""
+    fused = 1.0 / (rrf_k + dense_ranks)
+    if bm25_ranks is not None:
+        fused = fused + 1.0 / (rrf_k + bm25_ranks)
+    return (fused * (rrf_k + 1) / 2.0).astype(np.float32)
 
 
 def semantic_similarity(dense: np.ndarray | None, bm25: np.ndarray | None, mode: str, rrf_k: int = 60,
@@ -51,10 +65,9 @@ def semantic_similarity(dense: np.ndarray | None, bm25: np.ndarray | None, mode:
         top = float(bm25.max()) if bm25.size else 0.0
         return (bm25 / top).astype(np.float32) if top > 0 else np.zeros_like(bm25, dtype=np.float32)
     if mode == "hybrid":
-        fused = 1.0 / (rrf_k + ranks_of(dense, rrf_depth))
-        if bm25.size and float(bm25.max()) > 0:  # no lexical match: the BM25 ranking is noise, skip it
-            fused = fused + 1.0 / (rrf_k + ranks_of(bm25, rrf_depth))
-        return (fused * (rrf_k + 1) / 2.0).astype(np.float32)
+        # no lexical match: the BM25 ranking is noise, skip it
+        lexical = bm25.size and float(bm25.max()) > 0
+        return rrf_similarity(ranks_of(dense, rrf_depth), ranks_of(bm25, rrf_depth) if lexical else None, rrf_k)
     raise ValueError(f"unknown semantic mode {mode!r}; known: dense, bm25, hybrid")
 
 

@@ -75,13 +75,23 @@ class RetrievalConfig:
     rho_per_day: float = 0.05
     tau_buf_days: float = 14.0
     temporal: bool = True  # False: every query takes the semantic-only path
+    # No memory from the future: rank only messages at or before the query's asked_at
+    # (every window source alike, the oracle included). False: the whole memory.
+    past_only: bool = True
+    rrf_depth: int = 1000  # RRF cut-off: ranks past it contribute 0 (see channels)
+    # Index-backed search (tider.memory.index): memories with fewer messages are scored
+    # exactly (every message), which keeps small-memory results identical to the exact path.
+    index_min_messages: int = 20_000
+    index_depth: int = 1000  # dense candidates from faiss per query (= rrf_depth: exact RRF over exact lists)
+    hnsw_min_messages: int = 50_000  # faiss HNSW above, exact IndexFlatIP below
+    hnsw_m: int = 32
+    hnsw_ef_search: int = 128  # raised to index_depth when smaller
     # Indexes
     embedding_model: str | None = None  # None: the offline all-MiniLM-L6-v2 package
     # What the dense index embeds per message. With the speaker name, MiniLM recall@20 on
     # LoCoMo dev goes 0.355 -> 0.504 (questions name people; measured, see README).
     embed_template: str = "{speaker}: {text}"
     embedding_cache_dir: str | None = None  # None: $TIDER_CACHE or .cache/tider/embeddings
-    faiss_index: Literal["flat", "hnsw", "ivf"] = "flat"
     bm25_backend: Literal["bm25s", "rank_bm25"] = "bm25s"
     bm25_method: str = "lucene"
     metadata_fields: tuple[str, ...] = ("speaker", "channel", "phase", "topic", "role")

@@ -1,110 +1,114 @@
-"""Dense index: L2-normalised vectors in faiss, inner product == cosine.
+"""Dense index in faiss (inner product on unit vectors == cosine); faiss id = row, the
+order messages were added in (``tider.memory``).
 
-``flat`` (exact ``IndexFlatIP``) is the default; ``hnsw`` (``IndexHNSWFlat``, inner
-product) and ``ivf`` (``IndexIVFFlat``, trained on the corpus) trade exactness for speed
-on large memories. Row i is message id i, and ids are sorted by time, so a time window
-is an id range and in-window search is ``faiss.IDSelectorRange`` (a search parameter, no
-copy of the index). The vectors are kept too: they give the full score vector the store
-caches per query, and the save format (``faiss.write_index`` + ``.npy``) needs no pickle.
+Rows never move, so an ``add`` only appends, whatever the messages' times. Below
+``hnsw_min_messages`` search is exact (a brute-force product with the store's own array:
+a faiss ``IndexFlatIP`` would only copy it). From there on it is a faiss HNSW graph over
+whole chunks of ``CHUNK`` rows plus the exact *tail* past the last whole chunk: the graph
+is always built from the same chunks in the same order, so the index (and every search)
+is the same whether the rows came in one ``add`` or many. The tail joins the graph when
+it fills a chunk (the segment merge).
+
+"Only the past" is a faiss ``IDSelector``: a row range when rows are in time order (the
+usual append), else a bitmap of the rows at or before ``asked_at``. A filter that keeps
+fewer than ``hnsw_min_messages`` rows is searched exactly instead: filtered HNSW loses
+recall as the filter narrows (the graph walk must pass through rows it may not return).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-KINDS = ("flat", "hnsw", "ivf")
+CHUNK = 4096
 
 
-class DenseIndex:
-    def __init__(self, vectors: np.ndarray, kind: str = "flat", hnsw_m: int = 32, ivf_lists: int | None = None,
-                 nprobe: int = 16):
+def _selector(past, lo: int, hi: int):
+    """``(selector over ids 0 .. hi - lo, keep-alive)`` for the rows ``lo .. hi`` that ``past``
+    allows: None (all), an int (rows before it: a range) or a bool mask over all rows."""
+    import faiss
+
+    if past is None:
+        return None, None
+    if isinstance(past, (int, np.integer)):
+        return faiss.IDSelectorRange(0, max(0, min(int(past), hi) - lo)), None
+    bits = np.packbits(past[lo:hi], bitorder="little")
+    return faiss.IDSelectorBitmap(hi - lo, faiss.swig_ptr(bits)), bits
+
+
+def exact_top(vectors: np.ndarray, query: np.ndarray, k: int, rows: np.ndarray | None = None):
+    """Top-``k`` ``(rows, scores)`` by brute force over ``vectors`` (or its ``rows``): the
+    same matrix-vector product exact scoring uses, so equal inputs give equal floats."""
+    block = vectors if rows is None else vectors[rows]
+    scores = block @ query if len(block) else np.zeros(0, dtype=np.float32)
+    top = np.argpartition(-scores, k - 1)[:k] if 0 < k < len(scores) else np.arange(len(scores))
+    ids = top if rows is None else rows[top]
+    return ids.astype(np.int64), scores[top]
+
+
+class FaissRows:
+    """HNSW over whole chunks of rows (from ``hnsw_min_messages`` on) plus brute force
+    over the rest: the rows themselves are the store's array (no copy)."""
+
+    def __init__(self, dim: int, hnsw_min_messages: int, hnsw_m: int = 32):
+        self.dim, self.hnsw_min, self.hnsw_m = dim, hnsw_min_messages, hnsw_m
+        self.hnsw = None
+        self.graph_rows = 0  # rows [0, graph_rows) are in the HNSW graph; the rest is the exact tail
+        self.n = 0
+        self.vectors = np.zeros((0, dim), dtype=np.float32)  # every row (the store's array, not a copy)
+
+    def add(self, vectors_all: np.ndarray) -> None:
+        """Catch up with ``vectors_all`` (all rows, in row order): whole chunks join the graph."""
         import faiss
 
-        if kind not in KINDS:
-            raise ValueError(f"unknown faiss index kind {kind!r}; known: {KINDS}")
-        self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        self.kind, self.nprobe = kind, nprobe
-        n, dim = self.vectors.shape
-        if kind == "flat":
-            self.index = faiss.IndexFlatIP(dim)
-        elif kind == "hnsw":
-            self.index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        else:
-            lists = ivf_lists or max(1, int(np.sqrt(max(n, 1))))
-            self.index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
-            self.index.train(self.vectors)
-        if n:
-            self.index.add(self.vectors)
+        self.vectors, self.n = vectors_all, len(vectors_all)
+        if self.n >= self.hnsw_min and self.hnsw is None:
+            self.hnsw = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        if self.hnsw is not None:
+            whole = (self.n // CHUNK) * CHUNK
+            for lo in range(self.graph_rows, whole, CHUNK):
+                self.hnsw.add(np.ascontiguousarray(vectors_all[lo:lo + CHUNK]))
+            self.graph_rows = max(self.graph_rows, whole)
 
-    def __len__(self) -> int:
-        return self.vectors.shape[0]
-
-    @property
-    def dim(self) -> int:
-        return self.vectors.shape[1]
-
-    def scores(self, query: np.ndarray) -> np.ndarray:
-        """Cosine of the query with every row, ``(n,)`` (exact, whatever the index kind)."""
-        return self.vectors @ np.asarray(query, dtype=np.float32).reshape(-1)
-
-    def _params(self, id_range: tuple[int, int] | None):
+    def search(self, query: np.ndarray, k: int, past, ef_search: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` ``(rows, scores)`` among the rows ``past`` allows (see ``_selector``);
+        graph and tail hits are concatenated, not merged."""
         import faiss
 
-        if id_range is None and self.kind != "ivf":
-            return None, None
-        sel = faiss.IDSelectorRange(int(id_range[0]), int(id_range[1])) if id_range is not None else None
-        if self.kind == "hnsw":
-            return faiss.SearchParametersHNSW(sel=sel), sel
-        if self.kind == "ivf":
-            return faiss.SearchParametersIVF(sel=sel, nprobe=self.nprobe), sel
-        return faiss.SearchParameters(sel=sel), sel
+        q = np.ascontiguousarray(np.asarray(query, dtype=np.float32).reshape(-1))
+        prefix = isinstance(past, (int, np.integer))
+        allowed = np.flatnonzero(past) if past is not None and not prefix else None
+        n_allowed = self.n if past is None else (min(int(past), self.n) if prefix else len(allowed))
+        if not self.graph_rows or n_allowed < self.hnsw_min:  # no graph yet, or a filter too narrow for it
+            return exact_top(self.vectors[:n_allowed], q, k) if allowed is None else exact_top(self.vectors, q, k, allowed)
+        sel, _bits = _selector(past, 0, self.graph_rows)
+        params = faiss.SearchParametersHNSW(sel=sel, efSearch=max(ef_search, k))
+        s, i = self.hnsw.search(q.reshape(1, -1), min(k, self.graph_rows), params=params)
+        keep = i[0] >= 0
+        tail = np.arange(self.graph_rows, self.n)
+        if past is not None:
+            tail = tail[tail < int(past)] if prefix else tail[past[self.graph_rows:self.n]]
+        t_rows, t_scores = exact_top(self.vectors, q, k, tail)
+        return np.concatenate([i[0][keep].astype(np.int64), t_rows]), np.concatenate([s[0][keep], t_scores])
 
-    def search(self, queries: np.ndarray, k: int, id_range: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` ``(ids, scores)`` per query row (``-1`` ids pad short results).
-        ``id_range=(lo, hi)`` restricts the search to ids ``lo <= id < hi``."""
-        q = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
-        params, _sel = self._params(id_range)  # keep the selector alive during the search
-        k = max(1, min(k, len(self))) if len(self) else 1
-        scores, ids = self.index.search(q, k, params=params) if params is not None else self.index.search(q, k)
-        return ids, scores
-
-    def save(self, directory: str | Path) -> None:
+    # -- persistence (only the graph: the flat tail is rebuilt from the vectors) --------
+    def save(self, folder: Path) -> None:
         import faiss
 
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        np.save(directory / "vectors.npy", self.vectors, allow_pickle=False)
-        faiss.write_index(self.index, str(directory / "index.faiss"))
-        (directory / "dense_meta.json").write_text(json.dumps({"kind": self.kind, "nprobe": self.nprobe}))
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.hnsw is not None:
+            faiss.write_index(self.hnsw, str(folder / "hnsw.faiss"))
 
     @classmethod
-    def load(cls, directory: str | Path) -> "DenseIndex":
+    def load(cls, folder: Path | None, meta: dict | None, dim: int, hnsw_min_messages: int, hnsw_m: int,
+             vectors_all: np.ndarray) -> "FaissRows":
         import faiss
 
-        directory = Path(directory)
-        meta = json.loads((directory / "dense_meta.json").read_text())
-        obj = cls.__new__(cls)
-        obj.vectors = np.load(directory / "vectors.npy", allow_pickle=False)
-        obj.kind, obj.nprobe = meta["kind"], meta["nprobe"]
-        obj.index = faiss.read_index(str(directory / "index.faiss"))
-        return obj
-
-
-def range_union_search(index: DenseIndex, query: np.ndarray, k: int, ranges: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` over the union of id ranges: one ``IDSelectorRange`` search per range, merged."""
-    ids, scores = [], []
-    for lo, hi in ranges:
-        if hi > lo:
-            i, s = index.search(query, min(k, hi - lo), id_range=(lo, hi))
-            keep = i[0] >= 0
-            ids.append(i[0][keep])
-            scores.append(s[0][keep])
-    if not ids:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-    ids_all, scores_all = np.concatenate(ids), np.concatenate(scores)
-    order = np.lexsort((ids_all, -scores_all))[:k]
-    return ids_all[order], scores_all[order]
+        index = cls(dim, hnsw_min_messages, hnsw_m)
+        graph_rows = int((meta or {}).get("graph_rows", 0))
+        if folder is not None and graph_rows and (folder / "hnsw.faiss").exists() and graph_rows <= len(vectors_all):
+            index.hnsw = faiss.read_index(str(folder / "hnsw.faiss"))
+            index.graph_rows = index.n = graph_rows
+        index.add(vectors_all)
+        return index

@@ -16,10 +16,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+
+_LOADING = threading.Lock()
 
 
 def default_model_path() -> str:
@@ -79,10 +83,11 @@ class Embedder:
 
     @property
     def model(self):
-        if self._model is None:
-            from sentence_transformers import SentenceTransformer
+        with _LOADING:  # concurrent first calls (the memory service) load the model once
+            if self._model is None:
+                from sentence_transformers import SentenceTransformer
 
-            self._model = SentenceTransformer(self.model_name, device=self.device)
+                self._model = SentenceTransformer(self.model_name, device=self.device)
         return self._model
 
     @property
@@ -111,7 +116,8 @@ class Embedder:
         self._memory[digest] = vec
         path = self._path(digest)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+        # per process and thread: the memory service embeds from many threads at once
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.npy")
         np.save(tmp, vec, allow_pickle=False)
         os.replace(tmp, path)
 

@@ -21,6 +21,8 @@ the merge. Measured on LoCoMo dev with gold windows: recall@20 0.742 (raw sim) v
 score, "top-k of the temporal channel, merged" equals "score every in-range message".
 
 Results are ``(ids, scores)``, best first, ties broken by lower id (earlier message).
+``tider.memory`` calls this with exact score vectors (small memories, ``exact=True``) and
+with index-backed candidate lists (``tider.memory.index``), so both paths rank alike.
 """
 
 from __future__ import annotations
@@ -30,44 +32,34 @@ import numpy as np
 from tider.retrieval import channels
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.rerank import rerank_scores
-from tider.types import Memory, WindowPrediction
+from tider.types import WindowPrediction
 
 
-class DualChannelRetriever:
-    """Ranks one memory's messages for a query. Holds no per-query state: callers cache
-    ``similarity`` (the expensive, window-independent part) and call ``rank`` per prediction."""
+def exact_similarity(dense_scores: np.ndarray | None, bm25_scores: np.ndarray | None, config: RetrievalConfig,
+                     mode: str | None = None) -> np.ndarray:
+    """``sim`` of every message from its full dense and BM25 score vectors (exact scoring)."""
+    return channels.semantic_similarity(dense_scores, bm25_scores, mode or config.semantic, config.rrf_k,
+                                        config.rrf_depth)
 
-    def __init__(self, memory: Memory, bm25, dense, config: RetrievalConfig, embedder=None):
-        self.memory, self.bm25, self.dense, self.config, self.embedder = memory, bm25, dense, config, embedder
-        self.ts_days = np.array([channels.to_days(t) for t in memory.timestamps], dtype=np.float64)
 
-    def similarity(self, text: str, vector: np.ndarray | None = None, mode: str | None = None) -> np.ndarray:
-        mode = mode or self.config.semantic
-        dense = bm25 = None
-        if mode in ("dense", "hybrid"):
-            if vector is None:
-                vector = self.embedder.encode([text])[0]
-            dense = self.dense.scores(vector)
-        if mode in ("bm25", "hybrid"):
-            bm25 = self.bm25.scores(text)
-        return channels.semantic_similarity(dense, bm25, mode, self.config.rrf_k)
+def dual_channel_rank(sim: np.ndarray, ts_days: np.ndarray, prediction: WindowPrediction, config: RetrievalConfig,
+                      k: int | None = None, semantic_order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Dual-channel ``(ids, scores)`` for one prediction over the messages ``sim`` covers
+    (``ts_days`` aligned with it). ``semantic_order`` (ids sorted by ``sim``, best first)
+    may be passed in when cached, to skip the top-k selection."""
+    k = config.k if k is None else k
+    semantic = semantic_order[:k] if semantic_order is not None else channels.top_k(sim, k)
+    if not (config.temporal and prediction.temporal and prediction.windows):
+        return semantic, sim[semantic]
+    windows = channels.window_days(prediction.windows)
+    ranges = channels.id_ranges(ts_days, windows, config.tau_buf_days)
+    candidates = np.union1d(semantic, channels.ids_in_ranges(ranges))
+    return rerank_top_k(candidates, sim[candidates], ts_days[candidates], windows, config, k)
 
-    def rank(self, sim: np.ndarray, prediction: WindowPrediction, k: int | None = None,
-             semantic_order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Dual-channel ranking for one prediction. ``semantic_order`` (ids sorted by
-        ``sim``, best first) may be passed in when cached, to skip the top-k selection."""
-        cfg = self.config
-        k = cfg.k if k is None else k
-        semantic = semantic_order[:k] if semantic_order is not None else channels.top_k(sim, k)
-        if not (cfg.temporal and prediction.temporal and prediction.windows):
-            return semantic, sim[semantic]
-        windows = channels.window_days(prediction.windows)
-        ranges = channels.id_ranges(self.ts_days, windows, cfg.tau_buf_days)
-        candidates = np.union1d(semantic, channels.ids_in_ranges(ranges))
-        scores = rerank_scores(sim[candidates], self.ts_days[candidates], windows, cfg.lambda_boost, cfg.gamma_min,
-                               cfg.rho_per_day)
-        order = np.lexsort((candidates, -scores))[:k]
-        return candidates[order], scores[order].astype(np.float32)
 
-    def retrieve(self, text: str, prediction: WindowPrediction, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        return self.rank(self.similarity(text), prediction, k)
+def rerank_top_k(candidates: np.ndarray, sim: np.ndarray, ts_days: np.ndarray, windows: np.ndarray,
+                 config: RetrievalConfig, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distance-decay score of each candidate, top-``k`` best first (ties: lower id)."""
+    scores = rerank_scores(sim, ts_days, windows, config.lambda_boost, config.gamma_min, config.rho_per_day)
+    order = np.lexsort((candidates, -scores))[:k]
+    return candidates[order], scores[order].astype(np.float32)

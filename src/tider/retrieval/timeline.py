@@ -67,7 +67,7 @@ class ExtractiveSummarizer:
 
         from tider.retrieval.bm25 import tokenize
 
-        if memory.key not in self._df:
+        if memory.key not in self._df or self._df[memory.key][0] != len(memory):  # a grown memory: recount
             df = Counter(t for m in memory for t in set(tokenize(m.text)))
             self._df[memory.key] = (len(memory), df)
         return self._df[memory.key][1]
@@ -99,17 +99,40 @@ class ExtractiveSummarizer:
 
 
 class Timeline:
-    """Event clusters with their (normalised) embeddings; ``top_k`` ranks them by cosine."""
+    """Event clusters with their (normalised) embeddings; ``top_k`` ranks them by cosine.
 
-    def __init__(self, entries: Sequence[TimelineEntry], vectors: np.ndarray, embedder=None):
-        if len(entries) != len(vectors):
-            raise ValueError(f"{len(entries)} timeline entries but {len(vectors)} vectors")
-        self.entries = list(entries)
-        self.vectors = np.asarray(vectors, dtype=np.float32)
+    Clusters are contiguous position ranges of the memory (``starts[j]`` .. the next
+    start). Summaries are written on first use and describe the memory as it is, so a
+    timeline grown by ``extend`` reads exactly like one built from all messages at once.
+    """
+
+    def __init__(self, memory: Memory, starts: Sequence[int], vectors: np.ndarray, embeddings: np.ndarray,
+                 embedder=None, summarizer: Summarizer | None = None, summary_words: int = 16):
+        self.memory = memory
+        self.embeddings = embeddings  # rows = positions of ``memory`` (what summaries read)
+        self.starts = [int(s) for s in starts]
+        self.vectors = np.asarray(vectors, dtype=np.float32).reshape(len(self.starts), -1)
         self.embedder = embedder
+        self.summarizer = summarizer or ExtractiveSummarizer(summary_words)
+        self._entries: dict[int, TimelineEntry] = {}
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.starts)
+
+    def members(self, j: int) -> range:
+        end = self.starts[j + 1] if j + 1 < len(self.starts) else len(self.memory)
+        return range(self.starts[j], end)
+
+    def entry(self, j: int) -> TimelineEntry:
+        if j not in self._entries:
+            ids = tuple(self.members(j))
+            self._entries[j] = TimelineEntry(self.memory.timestamps[ids[0]], self.memory.timestamps[ids[-1]], ids,
+                                             self.summarizer.summarize(self.memory, list(ids), self.embeddings))
+        return self._entries[j]
+
+    @property
+    def entries(self) -> list[TimelineEntry]:
+        return [self.entry(j) for j in range(len(self))]
 
     def scores(self, query: str | np.ndarray) -> np.ndarray:
         if isinstance(query, str):
@@ -120,19 +143,35 @@ class Timeline:
 
     def top_k(self, query: str | np.ndarray, k: int) -> list[TimelineEntry]:
         """The ``k`` entries most similar to the query, best first (ties: earlier first)."""
-        if not self.entries:
+        if not self.starts:
             return []
         order = np.argsort(-self.scores(query), kind="stable")[:k]
-        return [self.entries[i] for i in order]
+        return [self.entry(int(j)) for j in order]
+
+    def extend(self, memory: Memory, embeddings: np.ndarray, config: TimelineConfig, first_changed: int) -> "Timeline":
+        """The timeline of ``memory`` (this one's memory with messages added from position
+        ``first_changed`` on): clusters that closed before it are kept, the greedy merge
+        re-runs from the start of the cluster holding ``first_changed - 1``."""
+        keep = 0
+        if first_changed > 0 and self.starts:
+            keep = int(np.searchsorted(self.starts, first_changed - 1, side="right")) - 1
+        start = self.starts[keep] if self.starts and keep >= 0 else 0
+        keep = max(keep, 0)
+        tail = cluster_messages(memory.timestamps, embeddings, config, start=start)
+        starts = self.starts[:keep] + [c[0] for c in tail]
+        vectors = np.concatenate([self.vectors[:keep], centroids(embeddings, tail)]) if tail else self.vectors[:keep]
+        return Timeline(memory, starts, vectors, embeddings, self.embedder, self.summarizer)
 
 
-def cluster_messages(timestamps: Sequence[datetime], embeddings: np.ndarray, config: TimelineConfig) -> list[list[int]]:
-    """The greedy chronological merge from the module docstring; returns member id lists."""
+def cluster_messages(timestamps: Sequence[datetime], embeddings: np.ndarray, config: TimelineConfig,
+                     start: int = 0) -> list[list[int]]:
+    """The greedy chronological merge from the module docstring over positions ``start ..``
+    (the first opens a cluster); returns member id lists."""
     gap = days(config.delta_date_days)
     clusters: list[list[int]] = []
     total = None
-    for i, ts in enumerate(timestamps):
-        vec = embeddings[i]
+    for i in range(start, len(timestamps)):
+        ts, vec = timestamps[i], embeddings[i]
         if clusters:
             members = clusters[-1]
             if config.similarity == "centroid":
@@ -148,18 +187,21 @@ def cluster_messages(timestamps: Sequence[datetime], embeddings: np.ndarray, con
     return clusters
 
 
+def centroids(embeddings: np.ndarray, clusters: Sequence[Sequence[int]]) -> np.ndarray:
+    out = []
+    for members in clusters:
+        centre = embeddings[list(members)].mean(axis=0)
+        out.append(centre / max(float(np.linalg.norm(centre)), 1e-12))
+    dim = embeddings.shape[1] if embeddings.ndim == 2 else 0
+    return np.array(out, dtype=np.float32).reshape(-1, dim)
+
+
 def build_timeline(memory: Memory, embedder, config: TimelineConfig | None = None, summarizer: Summarizer | None = None,
                    embeddings: np.ndarray | None = None) -> Timeline:
     """Cluster ``memory`` into a ``Timeline``. ``embeddings`` (rows = message ids) skips re-encoding."""
     config = config or TimelineConfig()
-    summarizer = summarizer or ExtractiveSummarizer(config.summary_words)
     if embeddings is None:
         embeddings = embedder.encode([m.text for m in memory])
-    entries, vectors = [], []
-    for members in cluster_messages(memory.timestamps, embeddings, config):
-        centre = embeddings[members].mean(axis=0)
-        vectors.append(centre / max(float(np.linalg.norm(centre)), 1e-12))
-        entries.append(TimelineEntry(memory.timestamps[members[0]], memory.timestamps[members[-1]], tuple(members),
-                                     summarizer.summarize(memory, members, embeddings)))
-    dim = embeddings.shape[1] if embeddings.ndim == 2 else 0
-    return Timeline(entries, np.array(vectors, dtype=np.float32).reshape(-1, dim), embedder)
+    clusters = cluster_messages(memory.timestamps, embeddings, config)
+    return Timeline(memory, [c[0] for c in clusters], centroids(embeddings, clusters), embeddings, embedder,
+                    summarizer or ExtractiveSummarizer(config.summary_words))

@@ -84,7 +84,7 @@ class PromptBuilder:
         max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     ):
         self.dataset = dataset
-        self.timeline_for = timeline_for  # memory key -> Timeline, e.g. RetrievalStore.timeline
+        self.timeline_for = timeline_for  # memory key -> Timeline, e.g. MemoryCollection.timeline
         self.tokenizer = tokenizer
         self.top_k = top_k
         self.max_prompt_tokens = max_prompt_tokens

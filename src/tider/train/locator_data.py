@@ -89,13 +89,13 @@ def prepare(script_args, model_path: str, *, stage: str, dataset: Optional[Datas
             training_args=None):
     """Return ``(dataset, store, tokenizer, builder, splits)``; builds the tiny model if asked
     (the main process builds it, the other ranks then load the same files).
-    ``store`` (a ``RetrievalStore``) is built once here and shared by prompts and rewards."""
+    ``store`` (a ``tider.memory.MemoryCollection``) is built once here and shared by prompts and rewards."""
     from transformers import AutoTokenizer
 
-    from tider.retrieval.store import RetrievalStore
+    from tider.memory import MemoryCollection
 
     dataset = dataset or load_training_dataset(script_args)
-    store = store or RetrievalStore(dataset)
+    store = store or MemoryCollection(dataset.memories)
     builder = PromptBuilder(dataset, store.timeline, top_k=script_args.timeline_top_k,
                             max_prompt_tokens=script_args.max_prompt_tokens)
     if script_args.tiny_model:

@@ -50,8 +50,10 @@ known_rewards = REWARDS.known
 class RewardContext:
     """What the rewards need beyond the dataset columns TRL forwards.
 
-    ``dataset`` gives memory spans and the queries the retriever scores against; the
-    retrieval store and reader client are built lazily, once per process, on first use.
+    ``dataset`` gives memory spans and the queries the rewards score; retrieval goes
+    through a ``tider.memory.MemoryCollection`` (the query path users and the evaluation
+    run), built lazily from the dataset's memories once per process. The reader client
+    is built by the caller.
     """
 
     dataset: Optional[Dataset] = None
@@ -60,9 +62,8 @@ class RewardContext:
     proximity_tau_units: float = 7.0  # tau in granularity units (7 days for day-scale data)
     reader: Any = None  # an LLMClient for answer_correct
     check_memory_span: bool = True
-    store: Any = None  # a RetrievalStore; built from dataset + retrieval_config on first use if None
+    store: Any = None  # a MemoryCollection; built from dataset.memories + retrieval_config on first use if None
     _queries: dict = field(default_factory=dict, repr=False)
-    _coverage_cache: dict = field(default_factory=dict, repr=False)
     _retrieved_cache: dict = field(default_factory=dict, repr=False)
     _answer_cache: dict = field(default_factory=dict, repr=False)
 
@@ -80,10 +81,9 @@ class RewardContext:
 
     def get_store(self, reward: str):
         if self.store is None:
-            from tider.retrieval.config import RetrievalConfig
-            from tider.retrieval.store import RetrievalStore
+            from tider.memory import MemoryCollection
 
-            self.store = RetrievalStore(self.require_dataset(reward), self.retrieval_config or RetrievalConfig())
+            self.store = MemoryCollection(self.require_dataset(reward).memories, self.retrieval_config)
         return self.store
 
     def retrieved(self, reward: str, query_key: str, prediction: WindowPrediction) -> list[int]:
@@ -94,6 +94,10 @@ class RewardContext:
             ids = ids.tolist() if hasattr(ids, "tolist") else ids
             self._retrieved_cache[key] = list(ids)
         return self._retrieved_cache[key]
+
+    def coverage(self, reward: str, query_key: str, prediction: WindowPrediction, gold_ids: Sequence[int]) -> float:
+        """Share of the gold evidence in the top-k the prediction retrieves (r_evd)."""
+        return scoring.evidence_coverage(self.retrieved(reward, query_key, prediction), gold_ids, self.k)
 
 
 def completion_text(completion) -> str:
@@ -197,8 +201,7 @@ def _evidence_coverage(completions, *, ctx, parsed, query_key, evidence_ids, **k
         if not p.ok or not gold_ids:
             out.append(0.0)
             continue
-        ids = ctx.retrieved("evidence_coverage", qk, p.prediction)
-        out.append(scoring.evidence_coverage(ids, gold_ids, ctx.k))
+        out.append(ctx.coverage("evidence_coverage", qk, p.prediction, gold_ids))
     return out
 
 

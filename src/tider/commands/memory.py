@@ -1,0 +1,46 @@
+"""`tider memory serve|import`: the HTTP memory service and building stores from benchmarks.
+
+    tider memory serve --path DIR [--host 127.0.0.1] [--port 8100] [--locator-url URL | --locator-model PATH]
+    tider memory import --dataset {locomo,longmemeval,jsonl,synthetic} [--path P] --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("memory", help="memory stores: the HTTP service, importing benchmarks")
+    sub = parser.add_subparsers(dest="memory_command", metavar="<memory command>", required=True)
+    serve = sub.add_parser("serve", help="serve the stores under --path over HTTP (FastAPI + uvicorn)")
+    serve.add_argument("--path", required=True, help="directory of stores, one per memory name (created if missing)")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; set TIDER_API_KEY to expose)")
+    serve.add_argument("--port", type=int, default=8100)
+    serve.add_argument("--locator-url", default=None, help="OpenAI-compatible URL serving the locator (windows=locator)")
+    serve.add_argument("--locator-model", default=None, help="local locator export, or the served model name with --locator-url")
+    serve.set_defaults(func=run_serve)
+    imp = sub.add_parser("import", help="build one store per conversation of a benchmark")
+    imp.add_argument("--dataset", required=True, choices=["locomo", "longmemeval", "jsonl", "synthetic"])
+    imp.add_argument("--path", default=None, help="dataset file or directory (synthetic: optional)")
+    imp.add_argument("--out", required=True, help="directory to create the stores in")
+    imp.add_argument("--limit", type=int, default=None, help="first N conversations only")
+    imp.set_defaults(func=run_import)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from tider.memory.service import serve
+
+    locator = {k: v for k, v in (("url", args.locator_url), ("model", args.locator_model)) if v} or None
+    print(f"tider memory: serving {args.path} on http://{args.host}:{args.port} (OpenAPI at /docs)", flush=True)
+    serve(args.path, host=args.host, port=args.port, locator=locator)
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from tider.data import load_dataset
+    from tider.memory.importer import import_dataset
+
+    dataset = load_dataset(args.dataset, args.path)
+    counts = import_dataset(dataset, args.out, limit=args.limit)
+    print(f"imported {len(counts)} memories ({sum(counts.values())} messages) into {args.out}")
+    return 0

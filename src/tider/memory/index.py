@@ -1,0 +1,121 @@
+"""The index-backed query path: candidate lists instead of a score for every message.
+
+Exact scoring (``tider.retrieval.retriever``) computes the dense cosine and the BM25 score
+of every message, turns both into ranks and fuses them (RRF, ranks past ``rrf_depth``
+contribute 0). Here the same fusion runs over candidate lists:
+
+* dense: the faiss top-``index_depth`` (``tider.retrieval.dense``: exact flat, or HNSW at
+  scale), restricted to the past by an ``IDSelector``; the default depth is ``rrf_depth``
+  (1000), the cut-off exact scoring uses, because a shallower list changes the fusion:
+  measured, depth 100 kept the exact top-20 on 42% of queries at 10k messages and LoCoMo
+  dev recall@20 fell 0.544 -> 0.528 (``bench/bench_retrieval.py --depths``);
+* BM25: the top-``rrf_depth`` of the bm25s scores of the past, exactly the ranks the exact
+  path gives them (one BM25 implementation for both paths);
+* ``sim`` of a candidate = the RRF of its ranks, with the exact path's arithmetic, so a
+  candidate ranked the same gets bit-identical ``sim``; every other message has sim 0.
+
+The dual-channel rank then runs on the candidates: the semantic channel is their top-k;
+the temporal channel takes the candidates inside the windows widened by ``tau_buf``
+(id ranges, since positions are in time order) plus, from each window's id range, the
+earliest messages that are not candidates (sim 0 ties broken by lower id, the exact
+path's order). So with complete lists (a memory no larger than the depths) this is the
+exact result; what it gives up at scale is the dense contribution of ranks between
+``index_depth`` and ``rrf_depth`` and whatever HNSW misses (measured in
+``bench/bench_retrieval.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tider.retrieval import channels
+from tider.retrieval.config import RetrievalConfig
+from tider.retrieval.retriever import rerank_top_k
+from tider.types import WindowPrediction
+
+
+@dataclass
+class Candidates:
+    """One query's window-independent part: candidate positions (sorted by sim, best first)."""
+
+    ids: np.ndarray  # positions in time order, best first
+    sim: np.ndarray  # float32, aligned with ids
+    cut: int  # positions [0, cut) are the past the query may see
+
+
+def fuse(dense_pos: np.ndarray | None, dense_scores: np.ndarray | None, bm25_scores: np.ndarray | None,
+         mode: str, config: RetrievalConfig, cut: int) -> Candidates:
+    """Candidate ``sim`` from a dense top list (positions + cosines) and the BM25 scores of
+    the past (``bm25_scores[:cut]``), as the exact path would score them."""
+    empty = np.zeros(0, dtype=np.int64)
+    dense_ids = empty
+    if mode in ("dense", "hybrid") and dense_pos is not None and len(dense_pos):
+        # graph and tail hits arrive together: one list, cut where exact scoring cuts it
+        best_first = np.lexsort((dense_pos, -dense_scores))[: min(config.index_depth, config.rrf_depth)]
+        dense_ids, dense_scores = dense_pos[best_first], dense_scores[best_first]
+    bm25_ids = empty
+    lexical = mode in ("bm25", "hybrid") and bm25_scores is not None and cut and float(bm25_scores.max()) > 0
+    if lexical:
+        bm25_ids = channels.ranked_ids(bm25_scores, config.rrf_depth)
+    if mode == "dense":
+        ids, sim = dense_ids, np.maximum(dense_scores, 0.0).astype(np.float32) if len(dense_ids) else np.zeros(0, np.float32)
+    elif mode == "bm25":
+        ids = bm25_ids
+        sim = (bm25_scores[ids] / float(bm25_scores.max())).astype(np.float32) if lexical else np.zeros(0, np.float32)
+    elif mode == "hybrid":
+        ids = np.union1d(dense_ids, bm25_ids)
+        d_rank = np.full(len(ids), np.inf)
+        d_rank[np.searchsorted(ids, dense_ids)] = np.arange(1, len(dense_ids) + 1)
+        b_rank = None
+        if lexical:
+            b_rank = np.full(len(ids), np.inf)
+            b_rank[np.searchsorted(ids, bm25_ids)] = np.arange(1, len(bm25_ids) + 1)
+        sim = channels.rrf_similarity(d_rank, b_rank, config.rrf_k)
+    else:
+        raise ValueError(f"unknown semantic mode {mode!r}; known: dense, bm25, hybrid")
+    order = np.lexsort((ids, -sim))
+    return Candidates(ids[order], sim[order], cut)
+
+
+def _fillers(ranges, taken: np.ndarray, k: int) -> list[np.ndarray]:
+    """The first ``k`` positions of each range that are not in ``taken`` (sorted)."""
+    out = []
+    for lo, hi in ranges:
+        span = np.arange(lo, min(hi, lo + k + len(taken)))
+        out.append(span[~np.isin(span, taken, assume_unique=True)][:k])
+    return out
+
+
+def semantic_top_k(c: Candidates, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k of sim; past the candidates, the earliest zero-sim messages (exact ties)."""
+    if len(c.ids) >= k or len(c.ids) >= c.cut:
+        return c.ids[:k], c.sim[:k]
+    pad = _fillers([(0, c.cut)], np.sort(c.ids), k - len(c.ids))[0]
+    return np.concatenate([c.ids, pad]), np.concatenate([c.sim, np.zeros(len(pad), np.float32)])
+
+
+def indexed_rank(c: Candidates, ts_days: np.ndarray, prediction: WindowPrediction, config: RetrievalConfig,
+                 k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The dual-channel ``(positions, scores)`` over the candidates (see module docstring)."""
+    k = config.k if k is None else k
+    semantic, semantic_sim = semantic_top_k(c, k)
+    if not (config.temporal and prediction.temporal and prediction.windows):
+        return semantic, semantic_sim
+    past = ts_days[: c.cut]
+    windows = channels.window_days(prediction.windows)
+    widened = channels.id_ranges(past, windows, config.tau_buf_days)
+    inside = channels.id_ranges(past, windows, 0.0)
+    in_range = np.zeros(len(c.ids), dtype=bool)
+    for lo, hi in widened:
+        in_range |= (c.ids >= lo) & (c.ids < hi)
+    by_id = np.argsort(c.ids)
+    taken, taken_sim = c.ids[by_id], c.sim[by_id]
+    pool = np.unique(np.concatenate([semantic, c.ids[in_range], *_fillers(inside + widened, taken, k)]))
+    sim = np.zeros(len(pool), dtype=np.float32)
+    if len(taken):
+        at = np.minimum(np.searchsorted(taken, pool), len(taken) - 1)
+        known = taken[at] == pool
+        sim[known] = taken_sim[at[known]]
+    return rerank_top_k(pool, sim, ts_days[pool], windows, config, k)

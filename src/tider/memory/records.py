@@ -1,0 +1,111 @@
+"""What ``TemporalMemory.add`` accepts, turned into ``Message``s, and the one error it raises.
+
+A message is a ``Message`` or a dict with ``text`` and ``timestamp`` (required),
+``speaker``, ``session``, ``key`` and the optional metadata fields (``channel``, ``topic``,
+``phase``, ``stage``, ``role``). Timestamps are ISO 8601 strings or ``datetime``s:
+timezone-aware ones are converted to UTC, naive ones are taken as UTC (DESIGN decision 1).
+A missing ``key`` is generated from the content (a hash of text, time, speaker and
+session), so re-adding the same keyless message is a no-op like re-adding a keyed one.
+Anything else that is wrong raises ``MemoryInputError`` naming the record and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import fields
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping
+
+from dateutil.parser import isoparse
+
+from tider.types import Message
+
+OPTIONAL_TEXT = ("channel", "topic", "phase", "role")
+KNOWN_FIELDS = {f.name for f in fields(Message)} - {"id"}
+
+
+class MemoryInputError(ValueError):
+    """Bad input to a memory; ``field`` names where (``messages[3].timestamp``)."""
+
+    def __init__(self, field: str, problem: str):
+        self.field, self.problem = field, problem
+        super().__init__(f"{field}: {problem}")
+
+
+def to_utc(value: Any, field: str) -> datetime:
+    """ISO string or datetime -> naive UTC datetime."""
+    if isinstance(value, datetime):
+        ts = value
+    elif isinstance(value, str) and value.strip():
+        try:
+            ts = isoparse(value.strip())
+        except (ValueError, OverflowError) as err:
+            raise MemoryInputError(field, f"not an ISO 8601 time: {value!r} ({err})") from None
+    else:
+        raise MemoryInputError(field, f"expected an ISO 8601 string or a datetime, got {type(value).__name__}")
+    if ts.tzinfo is not None:
+        ts = ts.astimezone(timezone.utc).replace(tzinfo=None)
+    return ts
+
+
+def _text(record: Mapping, name: str, where: str, required: bool = False, default: str | None = None) -> str | None:
+    value = record.get(name, default)
+    if value is None:
+        if required:
+            raise MemoryInputError(f"{where}.{name}", "required")
+        return None
+    if not isinstance(value, str):
+        raise MemoryInputError(f"{where}.{name}", f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def content_key(text: str, timestamp: datetime, speaker: str, session: str) -> str:
+    blob = json.dumps([text, timestamp.isoformat(), speaker, session], ensure_ascii=False)
+    return "m-" + hashlib.sha1(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def to_message(record: Message | Mapping, where: str) -> Message:
+    """One input record -> ``Message`` (``id`` is assigned by the memory)."""
+    if isinstance(record, Message):
+        record = {f: getattr(record, f) for f in KNOWN_FIELDS}
+    if not isinstance(record, Mapping):
+        raise MemoryInputError(where, f"expected an object, got {type(record).__name__}")
+    unknown = set(record) - KNOWN_FIELDS
+    if unknown:
+        raise MemoryInputError(f"{where}.{sorted(unknown)[0]}", f"unknown field; known: {sorted(KNOWN_FIELDS)}")
+    text = _text(record, "text", where, required=True)
+    if "timestamp" not in record or record["timestamp"] is None:
+        raise MemoryInputError(f"{where}.timestamp", "required")
+    timestamp = to_utc(record["timestamp"], f"{where}.timestamp")
+    speaker = _text(record, "speaker", where, default="") or ""
+    session = _text(record, "session", where) or timestamp.date().isoformat()
+    stage = record.get("stage")
+    if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int)):
+        raise MemoryInputError(f"{where}.stage", f"expected an integer, got {type(stage).__name__}")
+    key = _text(record, "key", where)
+    if key is not None and not key:
+        raise MemoryInputError(f"{where}.key", "empty")
+    extra = {name: _text(record, name, where) for name in OPTIONAL_TEXT}
+    return Message(id=-1, key=key or content_key(text, timestamp, speaker, session), text=text, timestamp=timestamp,
+                   speaker=speaker, session=session, stage=stage, **extra)
+
+
+def to_messages(records: Iterable[Message | Mapping]) -> list[Message]:
+    if isinstance(records, (str, bytes, Mapping)):
+        raise MemoryInputError("messages", "expected a list of messages")
+    return [to_message(r, f"messages[{i}]") for i, r in enumerate(records)]
+
+
+def message_to_json(m: Message) -> dict:
+    """The stored form of a message (the log line), without the time-order ``id``."""
+    out = {"key": m.key, "text": m.text, "timestamp": m.timestamp.isoformat(), "speaker": m.speaker,
+           "session": m.session}
+    out.update({f: getattr(m, f) for f in (*OPTIONAL_TEXT, "stage") if getattr(m, f) is not None})
+    return out
+
+
+def message_from_json(data: dict, row: int) -> Message:
+    return Message(id=row, key=data["key"], text=data["text"], timestamp=datetime.fromisoformat(data["timestamp"]),
+                   speaker=data["speaker"], session=data["session"], stage=data.get("stage"),
+                   **{f: data.get(f) for f in OPTIONAL_TEXT})

@@ -1,0 +1,304 @@
+"""What a ``TemporalMemory`` holds: messages, vectors, the row/position maps, and the
+indexes derived from them (built lazily, persisted next to the segments).
+
+See ``tider.memory.temporal_memory`` for the id scheme and ``tider.memory.files`` for the
+layout and the crash-safety argument. Everything here assumes the caller serializes adds.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from tider.retrieval.dense import CHUNK, FaissRows
+from tider.memory.files import StoreError, StoreFiles
+from tider.memory.records import message_from_json, message_to_json
+from tider.retrieval.channels import to_days
+from tider.retrieval.config import RetrievalConfig
+from tider.types import Memory, Message
+
+# Config fields an index is built with: a store refuses to open with other values.
+BUILD_FIELDS = ("embedding_model", "embed_template", "bm25_backend", "bm25_method", "metadata_fields", "timeline",
+                "hnsw_m", "hnsw_min_messages")
+MERGE_SEGMENTS_OVER = 32  # more segment files than this: merge them into one
+
+
+class VectorBuffer:
+    """Rows of float32 vectors with amortised appends (capacity doubles)."""
+
+    def __init__(self):
+        self._buf: np.ndarray | None = None
+        self.n = 0
+
+    def append(self, rows: np.ndarray) -> None:
+        if self._buf is None:
+            self._buf = np.empty((max(len(rows), 1024), rows.shape[1]), dtype=np.float32)
+        if self.n + len(rows) > len(self._buf):
+            grown = np.empty((max(2 * len(self._buf), self.n + len(rows)), self._buf.shape[1]), dtype=np.float32)
+            grown[: self.n] = self._buf[: self.n]
+            self._buf = grown
+        self._buf[self.n:self.n + len(rows)] = rows
+        self.n += len(rows)
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self._buf[: self.n] if self._buf is not None else np.zeros((0, 0), dtype=np.float32)
+
+
+class MemoryState:
+    def __init__(self, path, config: RetrievalConfig | None, embedder, name: str | None, granularity: str):
+        self.files = StoreFiles(path) if path is not None else None
+        manifest = self.files.read_manifest() if self.files else None
+        if manifest is not None:
+            stored = RetrievalConfig.from_json(manifest["config"])
+            if config is not None:
+                for f in BUILD_FIELDS:
+                    if getattr(config, f) != getattr(stored, f):
+                        raise StoreError(f"{path}: built with {f}={getattr(stored, f)!r}, opened with "
+                                         f"{getattr(config, f)!r}")
+            config, name, granularity = config or stored, manifest["name"], manifest["granularity"]
+        self.config = config or RetrievalConfig()
+        self.name = name or (Path(path).name if path is not None else "memory")
+        if embedder is None:
+            from tider.retrieval.embed import Embedder
+
+            embedder = Embedder(self.config.embedding_model, self.config.embedding_cache_dir)
+        self.embedder = embedder
+        self.memory = Memory(self.name, [], granularity)  # time order, Message.id = position
+        self.row_of_pos = np.zeros(0, dtype=np.int64)
+        self.vectors = VectorBuffer()
+        self.dim: int | None = None
+        self.generation = 0
+        self.manifest = manifest or {"name": self.name, "granularity": granularity, "segments": [], "next_segment": 1,
+                                     "config": self.config.to_json(), "embedding": {}}
+        self._build = threading.Lock()  # lazily built indexes: one builder at a time
+        self._bm25 = self._ts = self._by_pos = self._faiss = self._timeline = self._pos_of_row = None
+        self._in_order = True  # row == position for every message
+        self._timeline_from: int | None = None  # first position the timeline has not merged yet
+        self._saved_graph_rows = 0
+        if manifest is not None:
+            self._load()
+
+    # -- loading and adding -------------------------------------------------------------
+    def _load(self) -> None:
+        self.files.remove_unlisted({s["name"] for s in self.manifest["segments"]})
+        self.files.remove_stale_derived()
+        messages: list[Message] = []
+        for seg in self.manifest["segments"]:
+            lines, vecs = self.files.read_segment(seg["name"])
+            messages += [message_from_json(line, len(messages) + i) for i, line in enumerate(lines)]
+            self.vectors.append(vecs)
+        self.dim = self.manifest["embedding"].get("dim")
+        self._place(messages, first_row=0)
+        entry = self.files.derived_dir("faiss")
+        self._saved_graph_rows = int(entry[1].get("graph_rows", 0)) if entry else 0
+
+    def add(self, records: Sequence[Message], vectors: np.ndarray | None) -> list[str]:
+        keys = [r.key for r in records]
+        seen, fresh, picks = set(), [], []
+        for i, r in enumerate(records):
+            if self.memory.id_of(r.key) is None and r.key not in seen:
+                seen.add(r.key)
+                fresh.append(r)
+                picks.append(i)
+        if not fresh:
+            return keys
+        vecs = vectors[picks] if vectors is not None else self._embed(fresh)
+        if self.dim is not None and vecs.shape[1] != self.dim:
+            raise StoreError(f"memory {self.name!r}: the embedder gives dimension {vecs.shape[1]}, the store holds "
+                             f"{self.dim}")
+        first_row = len(self.memory)
+        fresh = [replace(m, id=first_row + i) for i, m in enumerate(fresh)]
+        if self.files is not None:
+            self._commit(fresh, vecs)
+        self.dim = vecs.shape[1]
+        self.vectors.append(vecs)
+        self._place(fresh, first_row)
+        self.flush()
+        return keys
+
+    def _embed(self, messages: Sequence[Message]) -> np.ndarray:
+        from tider.retrieval.embed import embedding_text
+
+        return np.asarray(self.embedder.encode([embedding_text(m, self.config.embed_template) for m in messages]),
+                          dtype=np.float32)
+
+    def _commit(self, fresh: list[Message], vecs: np.ndarray) -> None:
+        m = self.manifest
+        name = f"seg-{m['next_segment']:06d}"
+        self.files.write_segment(name, [message_to_json(x) for x in fresh], vecs)
+        embedding = {"model": self.config.embedding_model or "default", "dim": int(vecs.shape[1]),
+                     "template": self.config.embed_template}
+        self.manifest = {**m, "segments": m["segments"] + [{"name": name, "messages": len(fresh)}],
+                         "next_segment": m["next_segment"] + 1, "messages": len(self.memory) + len(fresh),
+                         "embedding": embedding}
+        self.files.commit(self.manifest)
+        if len(self.manifest["segments"]) > MERGE_SEGMENTS_OVER:
+            self._merge_segments(vecs)
+
+    def _merge_segments(self, newest: np.ndarray) -> None:
+        """Rewrite every segment as one (rows in order), commit, drop the old files."""
+        m = self.manifest
+        lines = []
+        for seg in m["segments"]:
+            lines += self.files.read_segment(seg["name"])[0]
+        vectors = np.concatenate([self.vectors.rows, newest])
+        name = f"seg-{m['next_segment']:06d}"
+        self.files.write_segment(name, lines, vectors)
+        self.manifest = {**m, "segments": [{"name": name, "messages": len(lines)}], "next_segment": m["next_segment"] + 1}
+        self.files.commit(self.manifest)
+        self.files.remove_unlisted({name})
+
+    def _place(self, fresh: list[Message], first_row: int) -> None:
+        """Put rows ``first_row ..`` (``fresh``, ids = rows) into the time-ordered views."""
+        old_n = len(self.memory)
+        if not old_n or fresh and min(m.timestamp for m in fresh) >= self.memory.timestamps[-1]:
+            order = sorted(range(len(fresh)), key=lambda i: (fresh[i].timestamp, fresh[i].id))
+            self.memory.append(fresh)
+            self.row_of_pos = np.concatenate([self.row_of_pos, np.array([fresh[i].id for i in order], dtype=np.int64)])
+            first_changed = old_n
+        else:
+            by_row = [None] * (old_n + len(fresh))
+            for p, m in enumerate(self.memory.messages):
+                by_row[int(self.row_of_pos[p])] = m
+            for m in fresh:
+                by_row[m.id] = m
+            order = sorted(range(len(by_row)), key=lambda r: (by_row[r].timestamp, r))
+            self.memory = Memory(self.name, [replace(by_row[r], id=r) for r in order], self.memory.granularity)
+            new_rows = np.array([m.id for m in fresh], dtype=np.int64)
+            self.row_of_pos = np.array(order, dtype=np.int64)
+            first_changed = int(np.flatnonzero(np.isin(self.row_of_pos, new_rows))[0])
+        self._in_order = self._in_order and first_changed == old_n and bool(
+            np.array_equal(self.row_of_pos[old_n:], np.arange(old_n, len(self.row_of_pos))))
+        self.generation += 1
+        self._bm25 = self._by_pos = None
+        self._ts = self._ts if first_changed == old_n else None
+        if self._timeline is not None or self._timeline_from is not None:
+            self._timeline_from = first_changed if self._timeline_from is None else min(self._timeline_from, first_changed)
+        self._pos_of_row = None
+
+    # -- derived, lazily ------------------------------------------------------------------
+    def ts_days(self) -> np.ndarray:
+        ts = self._ts
+        if ts is None or len(ts) != len(self.memory):
+            start = 0 if ts is None else len(ts)
+            tail = np.array([to_days(t) for t in self.memory.timestamps[start:]], dtype=np.float64)
+            ts = tail if ts is None else np.concatenate([ts, tail])
+            self._ts = ts
+        return ts
+
+    def vectors_by_position(self) -> np.ndarray:
+        if self._in_order:
+            return self.vectors.rows
+        if self._by_pos is None:
+            self._by_pos = np.ascontiguousarray(self.vectors.rows[self.row_of_pos])
+        return self._by_pos
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
+
+    def bm25(self):
+        from tider.retrieval.bm25 import BM25Index
+
+        n = len(self.memory)
+        with self._build:
+            if self._bm25 is None or self._bm25.n != n:
+                saved = self.files.derived_dir("bm25") if self.files else None
+                if saved and saved[1]["messages"] == n:
+                    self._bm25 = BM25Index.load(saved[0])
+                else:
+                    cfg = self.config
+                    self._bm25 = BM25Index.from_messages(self.memory.messages, cfg.metadata_fields, cfg.bm25_backend,
+                                                         cfg.bm25_method)
+                    if self.files is not None:
+                        self.files.save_derived("bm25", n, self._bm25.save)
+            return self._bm25
+
+    def faiss(self) -> FaissRows:
+        cfg = self.config
+        with self._build:
+            if self._faiss is None:
+                saved = self.files.derived_dir("faiss") if self.files else None
+                self._faiss = FaissRows.load(saved[0] if saved else None, saved[1] if saved else None, self.dim,
+                                             cfg.hnsw_min_messages, cfg.hnsw_m, self.vectors.rows)
+            elif self._faiss.n < self.vectors.n:
+                self._faiss.add(self.vectors.rows)
+            return self._faiss
+
+    def dense_search(self, vector: np.ndarray, cut: int) -> tuple[np.ndarray, np.ndarray]:
+        """faiss top-``index_depth`` among positions ``< cut``, as ``(positions, scores)``."""
+        index, n = self.faiss(), len(self.memory)
+        if cut >= n:
+            past = None
+        elif self._in_order:
+            past = cut
+        else:
+            past = np.zeros(n, dtype=bool)
+            past[self.row_of_pos[:cut]] = True
+        rows, scores = index.search(vector, self.config.index_depth, past, self.config.hnsw_ef_search)
+        if self._in_order:
+            return rows, scores
+        if self._pos_of_row is None:
+            self._pos_of_row = np.empty(n, dtype=np.int64)
+            self._pos_of_row[self.row_of_pos] = np.arange(n)
+        return self._pos_of_row[rows], scores
+
+    def timeline(self):
+        from tider.retrieval.timeline import Timeline, build_timeline
+
+        cfg = self.config
+        with self._build:
+            n = len(self.memory)
+            if self._timeline is None:
+                saved = self.files.derived_dir("timeline") if self.files else None
+                if saved and saved[1]["messages"] == n:
+                    from safetensors.numpy import load_file
+
+                    arrays = load_file(str(saved[0] / "timeline.safetensors"))
+                    self._timeline = Timeline(self.memory, arrays["starts"].tolist(), arrays["vectors"],
+                                              self.vectors_by_position(), self.embedder,
+                                              summary_words=cfg.timeline.summary_words)
+                else:
+                    self._timeline = build_timeline(self.memory, self.embedder, cfg.timeline,
+                                                    embeddings=self.vectors_by_position())
+                    self._save_timeline()
+                self._timeline_from = None
+            elif self._timeline_from is not None:
+                self._timeline = self._timeline.extend(self.memory, self.vectors_by_position(), cfg.timeline,
+                                                       self._timeline_from)
+                self._timeline_from = None
+            return self._timeline
+
+    def _save_timeline(self) -> None:
+        from safetensors.numpy import save_file
+
+        if self.files is None or self._timeline is None:
+            return
+        t = self._timeline
+        arrays = {"starts": np.array(t.starts, dtype=np.int64), "vectors": np.ascontiguousarray(t.vectors)}
+        self.files.save_derived("timeline", len(self.memory),
+                                lambda d: (d.mkdir(parents=True, exist_ok=True),
+                                           save_file(arrays, str(d / "timeline.safetensors"))))
+
+    def flush(self, force: bool = False) -> None:
+        """Persist the derived indexes that are worth it (all of them with ``force``)."""
+        if self.files is None:
+            return
+        if self._faiss is not None and self._faiss.graph_rows > self._saved_graph_rows and (
+                force or self._faiss.graph_rows - self._saved_graph_rows >= max(4 * CHUNK, self._saved_graph_rows // 10)):
+            self.files.save_derived("faiss", self._faiss.graph_rows, self._faiss.save,
+                                    extra={"graph_rows": self._faiss.graph_rows})
+            self._saved_graph_rows = self._faiss.graph_rows
+        if force and self._timeline is not None and self._timeline_from is None:
+            saved = self.files.derived_dir("timeline")
+            if not saved or saved[1]["messages"] != len(self.memory):
+                self._save_timeline()
+
+    def close(self) -> None:
+        if self.files is not None:
+            self.flush(force=True)
+            self.files.close()

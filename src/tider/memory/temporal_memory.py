@@ -1,0 +1,312 @@
+"""``TemporalMemory``: add / search / context over one conversation's messages.
+
+```python
+from tider import TemporalMemory
+mem = TemporalMemory("stores/team-chat")          # creates the directory or opens the store
+mem.add([{"key": "m1", "text": "...", "timestamp": "2024-02-01T10:00:00", "speaker": "ana"}])
+hits = mem.search("what did we decide at the offsite?", asked_at="2024-03-01T09:00:00", k=20)
+hits.ids, hits.scores, hits.messages, hits.prediction
+```
+
+Ids. A message has three names: its ``key`` (given, or generated from its content), its
+*row* (the order it was added in: its line in the segment files and its faiss id, never
+renumbered) and its *position* in time order (``Message.id`` in ``self.memory``, which is
+what windows, BM25 and the timeline work on: a window is a contiguous position range).
+``row_of_pos`` maps one to the other. Messages added in time order (the usual case) get
+position == row and everything only appends; a message older than the newest one moves
+the positions after it, so the time-ordered views are rebuilt and the timeline re-merges
+from the cluster before it. Equal timestamps keep the order of addition, which is why two
+adds give exactly the same memory, and the same results, as one add of the same messages.
+
+Search. ``exact=True``, or a memory under ``config.index_min_messages``, scores every
+message as ``tider.retrieval`` always has (bit for bit); otherwise the index-backed path
+(``tider.memory.index``) fuses faiss and BM25 candidate lists. With ``config.past_only``
+(default) a query ranks only the messages at or before its ``asked_at``; BM25 term
+statistics are those of the whole store, as in any search engine with a filter.
+
+Indexes that cannot grow in place are rebuilt when a search first needs them after an
+add: bm25s precomputes every posting's score from corpus statistics (so its index is
+rebuilt over all messages), the time-ordered vector copy, the exact-scoring caches. faiss
+grows by appending rows (``tider.retrieval.dense``) and the timeline by continuing its merge.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from tider.memory import index as indexed
+from tider.memory.records import MemoryInputError, to_messages, to_utc
+from tider.memory.store_state import MemoryState
+from tider.retrieval.config import RetrievalConfig
+from tider.retrieval.retriever import dual_channel_rank, exact_similarity
+from tider.types import NON_TEMPORAL, Memory, Message, Query, WindowPrediction
+
+
+@dataclass
+class SearchHits:
+    """Best first: message keys, scores, the messages, their time-order positions."""
+
+    ids: list[str]
+    scores: list[float]
+    messages: list[Message]
+    positions: list[int]
+    prediction: WindowPrediction
+    exact: bool = True
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class _Semantic:
+    """A query's window-independent part, cached: exact (sim, order) or index candidates."""
+
+    exact: bool
+    sim: np.ndarray | None = None
+    order: np.ndarray | None = None
+    candidates: indexed.Candidates | None = None
+
+
+class ReadWriteLock:
+    """Many readers or one writer (writers wait for readers to leave, new readers for writers)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+
+    @contextlib.contextmanager
+    def reading(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def writing(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing)
+            self._writing = True
+            self._cond.wait_for(lambda: self._readers == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
+class TemporalMemory:
+    """One memory: persistent when ``path`` is given, in-process otherwise (``path=None``).
+
+    ``locator``: how ``windows="locator"`` reaches the trained model, e.g.
+    ``{"url": "http://127.0.0.1:8000/v1"}`` or ``{"model": "exports/tiny-locator"}``; its
+    prompt settings come from the export's metadata. ``source_options`` configures other
+    named sources the same way (``{"prompted": {...}}``). ``cache_elements`` bounds the
+    per-query cache of window-independent scores (the harness asks one query at several
+    k and the rewards with many windows); 0 turns it off.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, config: RetrievalConfig | None = None, embedder=None,
+                 name: str | None = None, granularity: str = "day", locator: Mapping | None = None,
+                 source_options: Mapping | None = None, cache_elements: int = 20_000_000):
+        self.state = MemoryState(path, config=config, embedder=embedder, name=name, granularity=granularity)
+        self.config = self.state.config
+        self.name = self.state.name
+        self.source_options = {**dict(source_options or {}), **({"locator": dict(locator)} if locator else {})}
+        self._sources: dict[str, Any] = {}
+        self._semantic: OrderedDict = OrderedDict()
+        self.cache_elements = cache_elements
+        self._cache_lock = threading.Lock()
+        self._lock = ReadWriteLock()  # adds are serialized and exclusive; searches run together
+
+    # -- the memory ---------------------------------------------------------------------
+    @property
+    def memory(self) -> Memory:
+        return self.state.memory
+
+    def __len__(self) -> int:
+        return len(self.state.memory)
+
+    @property
+    def timeline(self):
+        return self.state.timeline()
+
+    def indexes(self, memory_key: str | None = None) -> "TemporalMemory":
+        """What window sources that need indexes (``dbscan-*``) read: ``.bm25``, ``.timeline``."""
+        return self
+
+    @property
+    def bm25(self):
+        return self.state.bm25()
+
+    def add(self, messages: Sequence[Message | Mapping], vectors: np.ndarray | None = None) -> list[str]:
+        """Add messages (dicts or ``Message``s); ``vectors`` (n x dim float32, one row per
+        input message) skips the embedder. Returns every input message's key; a key the
+        memory already holds is a no-op. Persistent stores have committed the messages
+        when this returns."""
+        records = to_messages(messages)
+        if vectors is not None:
+            vectors = self._check_vectors(vectors, len(records))
+        with self._lock.writing():
+            keys = self.state.add(records, vectors)
+            with self._cache_lock:
+                self._semantic.clear()
+        return keys
+
+    def _check_vectors(self, vectors, n: int) -> np.ndarray:
+        arr = np.asarray(vectors, dtype=np.float32)
+        if arr.ndim != 2 or arr.shape[0] != n:
+            raise MemoryInputError("vectors", f"expected shape ({n}, dim), got {arr.shape}")
+        if self.state.dim is not None and arr.shape[1] != self.state.dim:
+            raise MemoryInputError("vectors", f"dimension {arr.shape[1]}, the store holds {self.state.dim}")
+        if not np.isfinite(arr).all():
+            raise MemoryInputError("vectors", "not finite")
+        norms = np.linalg.norm(arr, axis=1, keepdims=True)
+        if (norms == 0).any():
+            raise MemoryInputError("vectors", "a zero vector has no direction")
+        return arr / norms  # cosine similarity: unit rows
+
+    def close(self) -> None:
+        with self._lock.writing():
+            self.state.close()
+
+    def __enter__(self) -> "TemporalMemory":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- search -------------------------------------------------------------------------
+    def query(self, text: str, asked_at=None, user: Optional[str] = None) -> Query:
+        """The ``Query`` a window source sees (no gold: nothing on this path has any)."""
+        if not isinstance(text, str):
+            raise MemoryInputError("text", f"expected a string, got {type(text).__name__}")
+        when = to_utc(asked_at, "asked_at") if asked_at is not None else None
+        if when is None:
+            when = self.memory.timestamps[-1] if len(self) else datetime(1970, 1, 1)
+        digest = hashlib.sha1(repr((text, when.isoformat(), user)).encode()).hexdigest()[:12]
+        return Query(key=f"{self.name}:{digest}", memory_key=self.name, text=text, asked_at=when, user=user)
+
+    def predict(self, query: Query, windows="none") -> WindowPrediction:
+        """The window source's prediction: ``windows`` is a registered name, a source
+        object (``predict(query, memory, timeline)``) or a ``WindowPrediction``."""
+        if isinstance(windows, WindowPrediction):
+            return windows
+        if windows is None or windows == "none":
+            return NON_TEMPORAL
+        source = self.source(windows) if isinstance(windows, str) else windows
+        if not hasattr(source, "predict"):
+            raise MemoryInputError("windows", f"expected a source name, a WindowSource or a WindowPrediction, got {windows!r}")
+        return source.predict(query, self.memory, self.timeline)
+
+    def source(self, name: str):
+        """The registered window source ``name``, built once with this memory's options."""
+        from tider.locator.sources import make_source_from_context
+
+        if name not in self._sources:
+            context = {"store": self, "source_options": self.source_options}
+            try:
+                self._sources[name] = make_source_from_context(name, context)
+            except (TypeError, ValueError) as err:  # unknown name, missing options (locator URL, oracle gold)
+                raise MemoryInputError("windows", f"source {name!r} cannot be built here: {err}") from None
+        return self._sources[name]
+
+    def search(self, text: str, asked_at=None, user: Optional[str] = None, k: Optional[int] = None, windows="none",
+               query_vector: np.ndarray | None = None, exact: Optional[bool] = None,
+               semantic: Optional[str] = None) -> SearchHits:
+        """The top-``k`` messages for ``text`` asked at ``asked_at`` (nothing after it with
+        ``config.past_only``), ranked by the dual-channel retriever with the windows of
+        ``windows``. ``exact``: True scores every message, False takes the index-backed
+        path, None (default) chooses by size (``config.index_min_messages``). ``semantic``
+        overrides the channel mode (dense | bm25 | hybrid)."""
+        k = self.config.k if k is None else int(k)
+        if k < 1:
+            raise MemoryInputError("k", f"must be at least 1, got {k}")
+        query = self.query(text, asked_at, user)
+        with self._lock.reading():
+            prediction = self.predict(query, windows)
+            positions, scores, used_exact = self.rank(query, prediction, k, query_vector, exact, semantic)
+            msgs = [self.memory[int(i)] for i in positions]
+        return SearchHits([m.key for m in msgs], [float(s) for s in scores], msgs, [int(i) for i in positions],
+                          prediction, used_exact)
+
+    def cut(self, asked_at: datetime | None) -> int:
+        """Number of positions a query asked at ``asked_at`` may see."""
+        if not self.config.past_only or asked_at is None:
+            return len(self)
+        return bisect.bisect_right(self.memory.timestamps, asked_at)
+
+    def rank(self, query: Query, prediction: WindowPrediction, k: int, query_vector=None, exact: Optional[bool] = None,
+             semantic: Optional[str] = None) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``(positions, scores, exact)`` for an already-made prediction (the harness and
+        the rewards call this with their own predictions)."""
+        state = self.state
+        cut = self.cut(query.asked_at)
+        if cut == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32), True
+        if exact is None:
+            exact = len(self) < self.config.index_min_messages
+        part = self.semantic_part(query, query_vector, exact, semantic or self.config.semantic, cut)
+        if part.exact:
+            ids, scores = dual_channel_rank(part.sim, state.ts_days()[:cut], prediction, self.config, k, part.order)
+        else:
+            ids, scores = indexed.indexed_rank(part.candidates, state.ts_days(), prediction, self.config, k)
+        return ids, scores, part.exact
+
+    def semantic_part(self, query: Query, query_vector, exact: bool, mode: str, cut: int) -> _Semantic:
+        vec_key = None if query_vector is None else np.asarray(query_vector, dtype=np.float32).tobytes()
+        key = (query.text, vec_key, cut, mode, exact, self.state.generation)
+        with self._cache_lock:
+            if key in self._semantic:
+                self._semantic.move_to_end(key)
+                return self._semantic[key]
+        state = self.state
+        vector = None
+        if mode in ("dense", "hybrid"):
+            vector = np.asarray(query_vector, dtype=np.float32).reshape(-1) if query_vector is not None \
+                else state.embed_queries([query.text])[0]
+        bm25 = state.bm25().scores(query.text) if mode in ("bm25", "hybrid") else None
+        if exact:
+            dense = state.vectors_by_position() @ vector if vector is not None else None
+            sim = exact_similarity(None if dense is None else dense[:cut], None if bm25 is None else bm25[:cut],
+                                   self.config, mode)
+            part = _Semantic(True, sim=sim, order=np.lexsort((np.arange(sim.shape[0]), -sim)))
+        else:
+            pos, scores = state.dense_search(vector, cut) if vector is not None else (None, None)
+            part = _Semantic(False, candidates=indexed.fuse(pos, scores, None if bm25 is None else bm25[:cut], mode,
+                                                            self.config, cut))
+        with self._cache_lock:
+            self._semantic[key] = part
+            while self._semantic and len(self._semantic) * max(len(self), 1) > self.cache_elements:
+                self._semantic.popitem(last=False)
+        return part
+
+    def prepare(self, texts: Sequence[str]) -> None:
+        """Embed query texts in one batch (fills the embedding cache)."""
+        self.state.embed_queries(list(dict.fromkeys(texts)))
+
+    # -- the forest back end --------------------------------------------------------------
+    def context(self, text: str, asked_at=None, user: Optional[str] = None, k: Optional[int] = None, windows="none",
+                llm=None, budget: int = 8192, top_n: int = 100, classifier: Optional[str] = None):
+        """Evidence for a reader (T-Mem): search seeds, evidence selection in the windows
+        (with ``llm``), UPDATE/EXPAND/ROOT structuring, IDF span compression to ``budget``
+        tokens, linearization. See ``tider.memory.context``."""
+        from tider.memory.context import build_context
+
+        return build_context(self, text, asked_at, user, k, windows, llm, budget, top_n, classifier)
