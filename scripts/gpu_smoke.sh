@@ -29,7 +29,7 @@ step() {  # name, then the command
 step sft "$PY" -m tider.cli sft --config configs/sft/tiny-cpu.yaml "${common[@]}" \
   --model_name_or_path "$OUT/base" --output_dir "$OUT/sft" --max_steps 10
 step grpo "$PY" -m tider.cli grpo --config configs/grpo/tiny-cpu.yaml "${common[@]}" \
-  --model_name_or_path "$OUT/sft" --output_dir "$OUT/grpo" --max_steps 3
+  --model_name_or_path "$OUT/sft" --output_dir "$OUT/grpo" --max_steps 3 --use_vllm false
 if "$PY" -c "import deepspeed" 2>/dev/null; then
   step zero2 accelerate launch --config_file configs/accelerate/zero2.yaml --num_processes 1 \
     -m tider.cli sft --config configs/sft/tiny-cpu.yaml "${common[@]}" \

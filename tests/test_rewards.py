@@ -189,3 +189,45 @@ def test_the_wide_window_shortcut_earns_less_than_a_precise_window(small_world):
     assert sum(total[:n]) / n > sum(total[n:]) / n + 1.0
     gain = out["evidence_gain"]
     assert abs(sum(gain[n:]) / n) < 0.1 < sum(gain[:n]) / n  # the year-wide window adds ~nothing over semantic search
+
+
+def test_answer_correct_with_a_dead_reader_gives_counted_zeros(small_world):
+    """A reader that stops answering mid-training: bounded retries per request, then a 0
+    reward counted in reader/failures, and no hang (nothing listens on the port)."""
+    import time
+
+    from tider.llm.backends import OpenAIBackend
+    from tider.llm.client import LLMClient
+    from tider.llm.vllm_server import free_port
+
+    ds, store = small_world
+    backend = OpenAIBackend(f"http://127.0.0.1:{free_port()}/v1", "reader", timeout=2.0)
+    reader = LLMClient(backend, max_retries=2, backoff=0.01)
+    ctx = RewardContext(dataset=ds, store=store, reader=reader)
+    q = next(q for q in ds.queries if q.gold.temporal and q.gold.answer)
+    text, gold = _gold_json(q)
+    args = dict(query_key=[q.key] * 2, memory_key=[q.memory_key] * 2, evidence_ids=[list(q.gold.evidence_ids)] * 2,
+                answer=[q.gold.answer] * 2)
+    t0 = time.monotonic()
+    out, logged, _ = _call(["answer_correct"], [text, GARBAGE], [gold] * 2, [True] * 2, ctx=ctx, **args)
+    assert time.monotonic() - t0 < 30
+    assert out["answer_correct"] == [0.0, 0.0]
+    assert logged["reader/failures"] == 1.0 and logged["reader/calls"] == 1.0
+    usage = reader.usage_by_stage()["reward_reader"]
+    assert usage["errors"] == 1 and usage["attempts"] == 3  # 1 call + 2 bounded retries
+    # the failure is not cached: the next batch asks the reader again
+    _call(["answer_correct"], [text], [gold], [True], ctx=ctx, **{k: v[:1] for k, v in args.items()})
+    assert reader.usage_by_stage()["reward_reader"]["calls"] == 2
+
+
+def test_reader_that_is_not_up_fails_fast_with_its_url():
+    from tider.llm.vllm_server import free_port
+    from tider.train.config import GRPOScriptArguments
+    from tider.train.grpo import reader_client
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    args = GRPOScriptArguments(reward_funcs=["format", "answer_correct"], reader_model="r", reader_base_url=url,
+                               reader_wait_timeout=2.0)
+    with pytest.raises(TimeoutError, match=url.replace(".", r"\.")):
+        reader_client(args)
+    assert reader_client(GRPOScriptArguments(reward_funcs=["format"])) is None

@@ -41,7 +41,7 @@ def exported_locator(tmp_path_factory):
     from tider.train.export import export_locator
 
     if not vllm_available():
-        pytest.skip("vLLM venv not installed (scripts/setup_vllm.sh)")
+        pytest.skip("vLLM is not installed (scripts/setup.sh installs it)")
     work = tmp_path_factory.mktemp("served-locator")
     assert main(["sft", "--config", str(REPO / "configs/sft/tiny-cpu.yaml"), *TRAIN,
                  "--output_dir", str(work / "sft"), "--model_name_or_path", str(work / "base")]) == 0

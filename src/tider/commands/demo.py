@@ -82,6 +82,9 @@ def run(args) -> int:
 
     from tider.data import load_dataset
 
+    from tider.train.output import quiet_libraries
+
+    quiet_libraries()  # model-loading bars and library INFO stay out of the demo's own output
     extra = list(getattr(args, "extra", []) or [])
     out = Path(args.out).resolve()
     if args.fresh and out.exists():
@@ -142,7 +145,9 @@ def run(args) -> int:
         report = export_locator(grpo_dir, export_dir, dtype=dtype, overwrite=True)
         if not report.greedy_identical:
             raise SystemExit(f"export differs from the GRPO checkpoint: {report.greedy_mismatches[:1]}")
-    print(json.loads((export_dir / "export_report.json").read_text()))
+    exported = json.loads((export_dir / "export_report.json").read_text())
+    print(f"export: {exported['dtype']} ({exported['source_layout']}), max |logit diff| {exported['max_abs_logit_diff']}, "
+          f"greedy identical: {exported['greedy_identical']}")
     _done(t0, times, "export")
 
     # 6-7. Serve with vLLM and compare on held-out conversations.
@@ -188,7 +193,9 @@ def _serve_and_compare(args, dataset, data_path, export_dir: Path, out: Path, dt
 
         parser = argparse.ArgumentParser()
         serve.register(parser.add_subparsers())
-        serve_args = parser.parse_args(["serve", "--model", str(export_dir), "--dtype", dtype,
+        # Eager on CPU: vLLM's compile warm-up costs ~100 s there and buys a tiny model nothing.
+        eager = ["--enforce-eager"] if _on_cpu() else []
+        serve_args = parser.parse_args(["serve", "--model", str(export_dir), "--dtype", dtype, *eager,
                                         "--max-model-len", "4096", "--log", str(out / "vllm.log")])
         serve_args.port = args.port  # None: a free port
         server = serve.make_server(serve_args)

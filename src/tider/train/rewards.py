@@ -23,7 +23,9 @@ Every reward is 0 for a malformed completion. The first configured reward also l
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -37,6 +39,7 @@ from tider.registry import Registry
 from tider.types import NON_TEMPORAL, Dataset, Window, WindowPrediction
 from dateutil.parser import isoparse
 
+logger = logging.getLogger(__name__)
 RewardFn = Callable[..., list[float]]
 # ``fn(completions, *, ctx, parsed, **columns) -> list[float]`` by name.
 REWARDS: Registry[Callable] = Registry("reward")
@@ -239,29 +242,42 @@ def _answer_span(completions, *, ctx, parsed, query_key, answer, **kw) -> list[f
 
 
 @register_reward("answer_correct")
-def _answer_correct(completions, *, ctx, parsed, query_key, answer, **kw) -> list[float]:
+def _answer_correct(completions, *, ctx, parsed, query_key, answer, log_metric=None, **kw) -> list[float]:
     """r_out: a reader LLM answers from the retrieved messages with the QA evaluation's flat
     reader prompt, scored by its answer F1 (``tider.scoring.answer_f1``): the
     reward optimises the number the evaluation reports. Memoized by (query, retrieved ids),
-    since a group's completions often retrieve the same set."""
+    since a group's completions often retrieve the same set; the batch's new pairs go to the
+    reader concurrently (``LLMClient.chat_batch``). A call that still fails after the
+    client's bounded retries scores 0, is counted in ``reader/failures`` and is not cached
+    (the next batch asks again)."""
     if ctx.reader is None:
         raise ValueError("reward 'answer_correct' needs RewardContext(reader=LLMClient(...)); use 'answer_span' as the cheap proxy")
     dataset = ctx.require_dataset("answer_correct")
-    out = []
+    keys: list = []
     for p, qk, gold in zip(parsed, query_key, answer):
-        if not p.ok or not gold:
-            out.append(0.0)
-            continue
-        q = ctx.query("answer_correct", qk)
-        ids = tuple(ctx.retrieved("answer_correct", qk, p.prediction)[: ctx.k])
-        if (qk, ids) not in ctx._answer_cache:
-            memory = dataset.memories[q.memory_key]
-            context = render_flat([memory[i] for i in sorted(ids)], dataset.granularity)
-            result = ctx.reader.chat(reader_messages("flat", q.text, q.user, context), stage="reward_reader")
-            # As in the QA answer stage: a failed call leaves an empty answer, which scores 0.
-            ctx._answer_cache[(qk, ids)] = scoring.answer_f1(strip_think(result.text).strip(), gold, q.category)
-        out.append(ctx._answer_cache[(qk, ids)])
-    return out
+        ok = p.ok and bool(gold)
+        keys.append((qk, tuple(ctx.retrieved("answer_correct", qk, p.prediction)[: ctx.k])) if ok else None)
+    todo = list(dict.fromkeys(k for k in keys if k is not None and k not in ctx._answer_cache))
+    results = ctx.reader.chat_batch([_reader_messages(dataset, ctx.query("answer_correct", qk), ids) for qk, ids in todo],
+                                    stage="reward_reader") if todo else []
+    golds = {k: gold for k, gold in zip(keys, answer) if k is not None}
+    scores, failures = {}, 0
+    for key, result in zip(todo, results):
+        # As in the QA answer stage: a failed call leaves its (usually empty) text, scored the same way.
+        scores[key] = scoring.answer_f1(strip_think(result.text).strip(), golds[key], ctx.query("answer_correct", key[0]).category)
+        failures += not result.ok
+        if result.ok:
+            ctx._answer_cache[key] = scores[key]
+    if log_metric is not None:
+        log_metric("reader/failures", float(failures))
+        log_metric("reader/calls", float(len(todo)))
+    return [0.0 if k is None else scores[k] if k in scores else ctx._answer_cache[k] for k in keys]
+
+
+def _reader_messages(dataset: Dataset, query, ids) -> list[dict]:
+    memory = dataset.memories[query.memory_key]
+    context = render_flat([memory[i] for i in sorted(ids)], dataset.granularity)
+    return reader_messages("flat", query.text, query.user, context)
 
 
 def make_rewards(names: Sequence[str], context: Optional[RewardContext] = None) -> list[RewardFn]:
@@ -282,8 +298,11 @@ def _bind(name: str, ctx: RewardContext, log_failures: bool) -> RewardFn:
         parsed = _parse_all(completions, columns, ctx)
         if log_failures:
             _log_failures(parsed, log_metric, log_extra)
+            # Per-rank record of what this process scored (the rank's log file only).
+            logger.info("rewards on rank %s: %d completions of prompts %s", os.environ.get("RANK", "0"), len(parsed),
+                        sorted(set(columns.get("query_key") or [])), extra={"file_only": True})
         columns.pop("trainer_state", None)
-        return impl(completions, ctx=ctx, parsed=parsed, **columns)
+        return impl(completions, ctx=ctx, parsed=parsed, log_metric=log_metric, **columns)
 
     reward.__name__ = reward.__qualname__ = name
     reward.__doc__ = impl.__doc__

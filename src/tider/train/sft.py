@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from tider.train.locator_data import prepare, resume_arg, start_wandb_run, sft_records, to_hf, training_metadata
+from tider.train.locator_data import prepare, sft_records, start_wandb_run, to_hf, train_and_save
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,8 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
 
     run = start_wandb_run(training_args, script_args.wandb_project)
     model_path = model_args.model_name_or_path
-    dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="sft", dataset=dataset, store=store)
+    dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="sft", dataset=dataset, store=store,
+                                                          training_args=training_args)
     train = to_hf(sft_records(splits["train"], builder), script_args.max_train_samples, ["prompt", "completion"])
     evaluate = training_args.eval_strategy != "no"
     val = to_hf(sft_records(splits["validation"], builder), script_args.max_eval_samples, ["prompt", "completion"]) if evaluate else None
@@ -40,13 +41,4 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=resume_arg(training_args))
-    trainer.save_model(training_args.output_dir)
-    trainer.save_state()  # trainer_state.json (log history) next to the final weights
-    tokenizer.save_pretrained(training_args.output_dir)
-    if trainer.accelerator.is_main_process:
-        training_metadata(script_args, dataset, store,
-                          train_query_keys=[q.key for q in splits["train"]]).write(training_args.output_dir)
-    if run is not None:
-        run.finish()  # the next stage in this process opens its own run
-    return trainer
+    return train_and_save(trainer, "sft", script_args, training_args, dataset, store, tokenizer, splits, run=run)

@@ -137,7 +137,7 @@ def build_tiny_qwen3(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
-        torch_dtype="bfloat16",
+        dtype="float32",  # what the weights are; training and export choose their own dtype
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
