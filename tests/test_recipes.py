@@ -53,7 +53,8 @@ def steps(output_dir: Path) -> list[int]:
 
 
 def test_every_recipe_has_a_test():
-    tested = {"configs/sft/tiny-cpu.yaml", "configs/grpo/tiny-cpu.yaml", "configs/sft/qwen3-1.7b.yaml",
+    tested = {"configs/sft/tiny-cpu.yaml", "configs/sft/tiny-pretrain.yaml", "configs/grpo/tiny-cpu.yaml",
+              "configs/sft/qwen3-1.7b.yaml",
               "configs/grpo/qwen3-1.7b.yaml", "configs/grpo/qwen3-1.7b-multinode.yaml"}
     assert set(RECIPES) == tested, "a new recipe needs a test in this file"
 
@@ -90,6 +91,22 @@ def test_sft_tiny_cpu(tiny_sft, work):
     assert steps(tiny_sft) == [1, 2]
     assert json.loads((tiny_sft / "config.json").read_text())["dtype"] in ("float32", "bfloat16")  # dtype: auto
     assert len((tiny_sft / "metrics.jsonl").read_text().splitlines()) >= 2  # per-step metrics go to the file
+
+
+def test_sft_tiny_pretrain(work):
+    """configs/sft/tiny-pretrain.yaml as written (its own training-only seeds, generated data)
+    but at test size: fewer messages and train-only conversations, 2 steps."""
+    from tider.locator.contract import LocatorMetadata
+
+    out = work / "tiny-pretrain"
+    tider("sft", "configs/sft/tiny-pretrain.yaml", "--model_name_or_path", str(work / "pretrain-base"),
+          "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--synthetic_messages", "600",
+          "--synthetic_conversations", "3", "--synthetic_train_conversations", "1", *TINY, *COMMON)
+    assert steps(out) == [1, 2]
+    recipe = yaml.safe_load((ROOT / "configs/sft/tiny-pretrain.yaml").read_text())
+    assert recipe["dataset_seed"] >= 1000 and recipe["synthetic_train_seed"] >= 1000  # disjoint from evaluations
+    meta = LocatorMetadata.read(out)
+    assert meta.prompt_settings["lines"]["max_lines"] == recipe["prompt_lines"] and meta.dataset_name == "synthetic"
 
 
 def test_grpo_tiny_cpu(tiny_sft, work, data_dir):

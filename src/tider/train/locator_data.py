@@ -56,14 +56,14 @@ def load_training_dataset(script_args) -> Dataset:
 
 
 def with_train_conversations(dataset: Dataset, n: int, seed: int) -> Dataset:
-    """``dataset`` plus ``n`` synthetic conversations (seed ``seed``, sized like the
-    synthetic default) that only ever land in the train split (``examples.TRAIN_ONLY``)."""
-    from tider.data.synth import DEFAULT_CONVERSATIONS, DEFAULT_MESSAGES, generate
+    """``dataset`` plus ``n`` synthetic conversations (seed ``seed``, as long as the
+    dataset's on average) that only ever land in the train split (``examples.TRAIN_ONLY``)."""
+    from tider.data.synth import generate
     from tider.train.examples import TRAIN_ONLY
 
     if seed == getattr(dataset, "stats", {}).get("seed"):
         raise ValueError(f"synthetic_train_seed {seed} is the benchmark's own seed: train-only conversations must differ")
-    per_conversation = DEFAULT_MESSAGES // DEFAULT_CONVERSATIONS
+    per_conversation = round(sum(len(m) for m in dataset.memories.values()) / max(1, len(dataset.memories)))
     extra = generate(per_conversation * n, seed=seed, n_conversations=n, key_prefix=f"synth-t{seed}")
     if dataset.granularity != extra.granularity:
         raise ValueError(f"train-only synthetic conversations are {extra.granularity!r}-grained, {dataset.name!r} is {dataset.granularity!r}")
