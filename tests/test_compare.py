@@ -73,7 +73,7 @@ def test_compare_cli_end_to_end_and_resume(tiny_qwen3_dir, synthetic_dir, tmp_pa
             "--locator-allow-unknown-settings"]
     assert main(argv) == 0
     comparison = json.loads((out / "compare.json").read_text())
-    assert comparison["methods"] == ["none", "dbscan-paper", "dbscan-tuned", "timeline", "locator", "oracle"]
+    assert comparison["methods"] == ["none", "rules", "dbscan-paper", "dbscan-tuned", "timeline", "locator", "oracle"]
     assert comparison["n_queries"] == 8
     table = comparison["table"]
     # An untrained locator writes no parseable JSON: every query falls back to the
@@ -82,7 +82,7 @@ def test_compare_cli_end_to_end_and_resume(tiny_qwen3_dir, synthetic_dir, tmp_pa
     assert comparison["mcnemar"]["locator_vs"]["none"] == {"b": 0, "c": 0, "p": 1.0, "n": 8}
     assert table["locator"]["parse_fail"] == 1.0 and "parse_fail" not in table["none"]
     assert table["oracle"]["window_iou"] == 1.0 and table["oracle"]["switch_acc"] == 1.0
-    assert set(comparison["mcnemar"]["locator_vs"]) == {"none", "dbscan-paper", "dbscan-tuned", "timeline"}
+    assert set(comparison["mcnemar"]["locator_vs"]) == {"none", "rules", "dbscan-paper", "dbscan-tuned", "timeline"}
     for name in ("compare.md", "compare.png", "retrieval/recall_at_k.png", "retrieval/report.json"):
         assert (out / name).exists(), name
     printed = capsys.readouterr().out

@@ -78,35 +78,43 @@ def data_args(data_dir: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tiny_sft(work, data_dir):
-    """configs/sft/tiny-cpu.yaml, 2 steps; it builds the tiny Qwen3 the other recipes load."""
-    out = work / "tiny-sft"
-    tider("sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(work / "base"), "--output_dir", str(out),
-          "--max_steps", "2", "--save_strategy", "no", *TINY, *data_args(data_dir), *COMMON)
+def tiny_pretrain(work):
+    """configs/sft/tiny-pretrain.yaml as written (its own training-only seeds, generated data)
+    but at test size: fewer messages and train-only conversations, 2 steps. It builds the
+    tiny Qwen3 the other recipes start from (as models/tiny-locator-v2 was built)."""
+    out = work / "tiny-pretrain"
+    tider("sft", "configs/sft/tiny-pretrain.yaml", "--model_name_or_path", str(work / "base"),
+          "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--synthetic_messages", "600",
+          "--synthetic_conversations", "3", "--synthetic_train_conversations", "1", *TINY, *COMMON)
     return out
 
 
-def test_sft_tiny_cpu(tiny_sft, work):
-    assert (work / "base" / "config.json").exists() and (tiny_sft / "tider_locator.json").exists()
-    assert steps(tiny_sft) == [1, 2]
-    assert json.loads((tiny_sft / "config.json").read_text())["dtype"] in ("float32", "bfloat16")  # dtype: auto
-    assert len((tiny_sft / "metrics.jsonl").read_text().splitlines()) >= 2  # per-step metrics go to the file
-
-
-def test_sft_tiny_pretrain(work):
-    """configs/sft/tiny-pretrain.yaml as written (its own training-only seeds, generated data)
-    but at test size: fewer messages and train-only conversations, 2 steps."""
+def test_sft_tiny_pretrain(tiny_pretrain, work):
     from tider.locator.contract import LocatorMetadata
 
-    out = work / "tiny-pretrain"
-    tider("sft", "configs/sft/tiny-pretrain.yaml", "--model_name_or_path", str(work / "pretrain-base"),
-          "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--synthetic_messages", "600",
-          "--synthetic_conversations", "3", "--synthetic_train_conversations", "1", *TINY, *COMMON)
-    assert steps(out) == [1, 2]
+    assert (work / "base" / "config.json").exists() and steps(tiny_pretrain) == [1, 2]
     recipe = yaml.safe_load((ROOT / "configs/sft/tiny-pretrain.yaml").read_text())
     assert recipe["dataset_seed"] >= 1000 and recipe["synthetic_train_seed"] >= 1000  # disjoint from evaluations
-    meta = LocatorMetadata.read(out)
+    meta = LocatorMetadata.read(tiny_pretrain)
     assert meta.prompt_settings["lines"]["max_lines"] == recipe["prompt_lines"] and meta.dataset_name == "synthetic"
+
+
+@pytest.fixture(scope="module")
+def tiny_sft(tiny_pretrain, work, data_dir):
+    """configs/sft/tiny-cpu.yaml, 2 steps, fine-tuning the pretrained start (the recipe names
+    the shipped models/tiny-locator-v2; here the test-size one above)."""
+    out = work / "tiny-sft"
+    tider("sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(tiny_pretrain), "--output_dir", str(out),
+          "--max_steps", "2", "--save_strategy", "no", *data_args(data_dir), *COMMON)
+    return out
+
+
+def test_sft_tiny_cpu(tiny_sft):
+    assert steps(tiny_sft) == [1, 2] and (tiny_sft / "tider_locator.json").exists()
+    assert json.loads((tiny_sft / "config.json").read_text())["dtype"] in ("float32", "bfloat16")  # dtype: auto
+    assert len((tiny_sft / "metrics.jsonl").read_text().splitlines()) >= 2  # per-step metrics go to the file
+    recipe = yaml.safe_load((ROOT / "configs/sft/tiny-cpu.yaml").read_text())
+    assert (ROOT / recipe["model_name_or_path"] / "config.json").exists()  # the shipped starting point
 
 
 def test_grpo_tiny_cpu(tiny_sft, work, data_dir):

@@ -32,16 +32,16 @@ def register(subparsers) -> None:
     p.add_argument("--dataset", default="synthetic", help="dataset loader (synthetic is generated into --out/data)")
     p.add_argument("--path", default=None, help="dataset file for file-backed loaders (e.g. LoCoMo JSON)")
     p.add_argument("--out", default="runs/demo", help="run folder")
-    # 800 messages a conversation: ~33 near-identical twins per frequent event, more than the
-    # k=20 a retriever returns, so the demo shows the crowding the locator exists for.
-    p.add_argument("--synthetic-messages", type=int, default=6400, help="size of the generated synthetic benchmark")
-    p.add_argument("--synthetic-conversations", type=int, default=8)
+    # 1,100 messages a conversation: ~45 near-identical twins per frequent event, more than the
+    # k=20 a retriever returns; 10 conversations hold out 2 (~440 questions) for the comparison.
+    p.add_argument("--synthetic-messages", type=int, default=11000, help="size of the generated synthetic benchmark")
+    p.add_argument("--synthetic-conversations", type=int, default=10)
     p.add_argument("--sft-steps", type=int, default=None, help="override the SFT recipe's max_steps")
     p.add_argument("--grpo-steps", type=int, default=None, help="override the GRPO recipe's max_steps")
     p.add_argument("--export-dtype", default=None, help="default: float32 on CPU (exact vLLM parity), bfloat16 on GPU")
     p.add_argument("--baselines", default="none,rules,dbscan-tuned,timeline", help="learning-free window sources to compare")
-    p.add_argument("--split", default="test", choices=["train", "validation", "test", "heldout", "all"],
-                   help="conversations to evaluate on (the locator trains on 'train')")
+    p.add_argument("--split", default="heldout", choices=["train", "validation", "test", "heldout", "all"],
+                   help="conversations to evaluate on (the locator trains on 'train'; heldout = validation + test)")
     p.add_argument("--limit", type=int, default=None, help="first N eligible queries in the comparison")
     p.add_argument("--no-serve", action="store_true",
                    help="run the locator with local transformers instead of a vLLM server (no vLLM venv needed)")
