@@ -144,3 +144,52 @@ def test_registry_locator_url_equals_local_model(server, exported_locator, synth
     local_preds, local_texts, _ = _predict(local, queries[:4], store)
     assert served_texts == local_texts == local_predictions[1][:4]
     assert served_preds == local_preds
+
+
+def test_remote_client_without_the_folder(server, exported_locator, synthetic_slice, local_predictions, tmp_path):
+    """The served folder is not visible to the client (a server on another node): without
+    the export's metadata the locator refuses to run; with --locator-meta pointing at a
+    copy of tider_locator.json it counts tokens with the server's own tokenizer (vLLM
+    /tokenize) and sends exactly the prompts the local tokenizer would build."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from tider.cli import main
+    from tider.llm.backends import ServedTokenizer
+    from tider.locator.contract import METADATA_FILE, LocatorContractError
+    from tider.locator.prompt import build_messages
+    from tider.locator.sources import make_source
+
+    queries, store = synthetic_slice
+    local_tokenizer = AutoTokenizer.from_pretrained(exported_locator)
+    copied = tmp_path / METADATA_FILE
+    shutil.copy(exported_locator / METADATA_FILE, copied)
+    hidden = exported_locator.with_name(exported_locator.name + "-elsewhere")
+    exported_locator.rename(hidden)  # vLLM loaded it at start-up; the client no longer sees it
+    try:
+        with pytest.raises(LocatorContractError, match="not visible here.*--locator-meta"):
+            make_source("locator", url=server.base_url)
+        source = make_source("locator", url=server.base_url, metadata=str(copied), structured="none")
+        assert isinstance(source.tokenizer, ServedTokenizer) and (source.top_k, source.max_prompt_tokens) == (4, 256)
+        for q in queries:
+            entries = store.timeline(q.memory_key).top_k(q.text, 4)
+            full = build_messages(q.public(), entries, "day")
+            n = len(local_tokenizer.apply_chat_template(full, tokenize=True, add_generation_prompt=True, return_dict=False))
+            tight = dict(top_k=4, max_prompt_tokens=n - 3)  # a budget that drops the last line
+            cut = build_messages(q.public(), entries, "day", tokenizer=local_tokenizer, **tight)
+            assert cut != full and build_messages(q.public(), entries, "day", tokenizer=source.tokenizer, **tight) == cut
+        preds, texts, _ = _predict(source, queries, store)
+        assert texts == local_predictions[1] and preds == local_predictions[0]
+        # The CLI flags say the same thing.
+        from tider.data.synth import write
+
+        data = write(store.dataset, tmp_path / "data")
+        argv = ["eval", "retrieval", "--dataset", "jsonl", "--path", str(data), "--out", str(tmp_path / "ret"),
+                "--windows", "locator", "--locator-url", server.base_url, "--limit", "2"]
+        with pytest.raises(SystemExit, match="--locator-meta"):
+            main(argv)
+        assert main([*argv, "--locator-meta", str(copied)]) == 0  # the refused run left no records to mix with
+        assert main([*argv, "--locator-allow-unknown-settings", "--overwrite"]) == 0
+    finally:
+        hidden.rename(exported_locator)
