@@ -182,9 +182,9 @@ def test_remote_client_without_the_folder(server, exported_locator, synthetic_sl
         preds, texts, _ = _predict(source, queries, store)
         assert texts == local_predictions[1] and preds == local_predictions[0]
         # The CLI flags say the same thing.
-        from tider.data.synth import write
+        from tider.data.synth import generate, write
 
-        data = write(store.dataset, tmp_path / "data")
+        data = write(generate(SYNTH["n_messages"], seed=0, n_conversations=SYNTH["n_conversations"]), tmp_path / "data")
         argv = ["eval", "retrieval", "--dataset", "jsonl", "--path", str(data), "--out", str(tmp_path / "ret"),
                 "--windows", "locator", "--locator-url", server.base_url, "--limit", "2"]
         with pytest.raises(SystemExit, match="--locator-meta"):

@@ -17,9 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # 4 timeline lines, hidden 64. 150 SFT steps are what it takes for sampled completions to
 # parse sometimes, which GRPO needs for a non-zero advantage.
 DATA = ["--synthetic_messages", "600", "--synthetic_conversations", "3", "--timeline_top_k", "4", "--report_to", "none",
-        # float32 weights: bfloat16 weights (the recipes') lose every update smaller than half
-        # a bf16 ulp; above 1.0 the ulp is 2^-7, so RMSNorm weights (initialised to 1.0) that
-        # should grow never move, and the every-parameter check below fails on them.
+        # float32 weights on any hardware (``dtype: auto`` picks bfloat16 on CUDA): bfloat16
+        # weights lose every update smaller than half a bf16 ulp; above 1.0 the ulp is 2^-7,
+        # so RMSNorm weights (initialised to 1.0) that should grow never move, and the
+        # every-parameter check below fails on them.
         "--dtype", "float32", "--bf16", "false"]
 
 
