@@ -51,3 +51,62 @@ def vllm_server(tiny_qwen3_dir, tmp_path_factory):
     )
     with server:
         yield server
+
+
+DECIDED_ON = "2023-03-15"  # the day every question of the fixed-window data points at
+
+
+def write_fixed_window_data(out):
+    """A crowded JSONL benchmark whose every question has its evidence on one day: five
+    topics, each reported in the same words every second day of 150, in three memories;
+    only the report of 2023-03-15 is the evidence. Semantically the reports tie, so the
+    semantic channel's top 20 holds earlier ones; a window on that day finds the evidence."""
+    import json
+    from datetime import datetime, timedelta
+    from pathlib import Path
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    topics = ["the venue", "the budget", "the launch date", "the hiring plan", "the offsite menu"]
+    messages, queries = [], []
+    for memory, start in (("alpha", datetime(2023, 1, 2)), ("beta", datetime(2023, 1, 4)), ("gamma", datetime(2023, 1, 6))):
+        for d in range(0, 150, 2):
+            day = start + timedelta(days=d, hours=10)
+            for j, topic in enumerate(topics):
+                messages.append({"memory": memory, "key": f"{memory}-{day:%m%d}-{j}", "text": f"we decided {topic} today",
+                                 "timestamp": day.isoformat(), "speaker": ["ann", "bo"][j % 2]})
+        for j, topic in enumerate(topics):
+            evidence = f"{memory}-ev-{j}"
+            messages.append({"memory": memory, "key": evidence, "text": f"we decided {topic} today",
+                             "timestamp": f"{DECIDED_ON}T15:00:00", "speaker": "ann"})
+            for r, phrase in enumerate(("What did we decide about {t} in mid March?", "When did we settle {t}?")):
+                queries.append({"key": f"{memory}-q{j}-{r}", "memory": memory, "text": phrase.format(t=topic),
+                                "asked_at": "2023-11-01T09:00:00", "user": "bo", "category": "absolute",
+                                "answer": "decided", "evidence": [evidence]})
+    (out / "messages.jsonl").write_text("".join(json.dumps(m) + "\n" for m in messages))
+    (out / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    return out
+
+
+@pytest.fixture(scope="session")
+def fixed_window_locator(tmp_path_factory):
+    """(data folder, checkpoint): a tiny locator trained with `tider sft` on the fixed-window
+    data until it writes the one answer all its training targets share, so its predictions
+    parse and point at the evidence day. Costs about a minute of CPU: for slow tests."""
+    from pathlib import Path
+
+    from tider.cli import main
+
+    work = tmp_path_factory.mktemp("fixed-window-locator")
+    data = write_fixed_window_data(work / "data")
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "sft" / "tiny-cpu.yaml"
+    args = ["sft", "--config", str(recipe), "--dataset_name", "jsonl", "--dataset_path", str(data),
+            "--model_name_or_path", str(work / "base"), "--output_dir", str(work / "sft"), "--max_steps", "100",
+            "--learning_rate", "1e-2", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
+            "--tiny_hidden_size", "64", "--tiny_num_layers", "2", "--tiny_num_heads", "2", "--tiny_vocab_size", "512",
+            "--tiny_structured_date_init", "false", "--timeline_top_k", "2", "--max_prompt_tokens", "256",
+            "--max_length", "320", "--completion_only_loss", "true", "--report_to", "none", "--save_strategy", "no",
+            # float32: CPUs without native bf16 run bf16 matmuls many times slower
+            "--bf16", "false", "--dtype", "float32"]
+    assert main(args) == 0
+    return data, work / "sft"

@@ -101,3 +101,24 @@ def test_compare_cli_requires_locator(synthetic_dir, tmp_path):
 
     with pytest.raises(SystemExit, match="--locator-url or --locator-model"):
         main(["eval", "compare", "--dataset", "synthetic", "--path", str(synthetic_dir), "--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_compare_with_a_locator_whose_predictions_parse(fixed_window_locator, tmp_path):
+    """A locator that answers with the evidence day (``tests/conftest.py``) through the CLI:
+    its windows must parse, reach the retriever and show in every part of the comparison."""
+    from tider.cli import main
+
+    data, checkpoint = fixed_window_locator
+    out = tmp_path / "cmp"
+    assert main(["eval", "compare", "--dataset", "jsonl", "--path", str(data), "--out", str(out), "--split", "all",
+                 "--k", "5,20", "--baselines", "none,timeline", "--locator-model", str(checkpoint)]) == 0
+    comparison = json.loads((out / "compare.json").read_text())
+    table = comparison["table"]
+    assert table["locator"]["parse_fail"] == 0.0 and comparison["n_queries"] == 30
+    assert table["locator"]["window_iou"] == 1.0 and table["locator"]["switch_acc"] == 1.0
+    assert table["none"]["recall@20"] < 0.5 < table["locator"]["recall@20"] == table["oracle"]["recall@20"]
+    mcnemar = comparison["mcnemar"]["locator_vs"]["none"]
+    assert mcnemar["b"] > 0 and mcnemar["c"] == 0 and mcnemar["p"] < 0.05
+    assert comparison["oracle_gap"]["recall@20"]["captured"] == pytest.approx(1.0)
+

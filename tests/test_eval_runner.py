@@ -42,7 +42,10 @@ def test_failed_records_are_retried_and_torn_lines_ignored(tmp_path):
 
 
 def test_manifest_mismatch_refuses_to_mix(tmp_path):
+    # A run that wrote no record yet (it stopped on a bad option) leaves nothing to mix with.
     StageRunner(tmp_path, {"config": {"k": 20}})
+    runner = StageRunner(tmp_path, {"config": {"k": 30}})
+    runner.run(Stage("s", lambda item: {"v": item}), ["a"], key=str, progress=False)
     with pytest.raises(ValueError, match="different config"):
         StageRunner(tmp_path, {"config": {"k": 10}})
     StageRunner(tmp_path, {"config": {"k": 10}}, overwrite=True)

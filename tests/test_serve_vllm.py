@@ -147,3 +147,61 @@ def test_registry_locator_url_equals_local_model(server, exported_locator, synth
     local_preds, local_texts, _ = _predict(local, queries[:4], store)
     assert served_texts == local_texts == local_predictions[1][:4]
     assert served_preds == local_preds
+
+
+def test_remote_client_without_the_folder(server, exported_locator, synthetic_slice, local_predictions, tmp_path):
+    """The served folder is not visible to the client (a server on another node): without
+    the export's metadata the locator refuses to run; with --locator-meta pointing at a
+    copy of tider_locator.json it counts tokens with the server's own tokenizer (vLLM
+    /tokenize) and sends exactly the prompts the local tokenizer would build."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from tider.cli import main
+    from tider.llm.backends import ServedTokenizer
+    from tider.locator.contract import METADATA_FILE, LocatorContractError
+    from tider.locator.prompt import PromptSettings
+    from tider.locator.sources import make_source
+
+    queries, store = synthetic_slice
+    local_tokenizer = AutoTokenizer.from_pretrained(exported_locator)
+    copied = tmp_path / METADATA_FILE
+    shutil.copy(exported_locator / METADATA_FILE, copied)
+    hidden = exported_locator.with_name(exported_locator.name + "-elsewhere")
+    exported_locator.rename(hidden)  # vLLM loaded it at start-up; the client no longer sees it
+    try:
+        with pytest.raises(LocatorContractError, match="not visible here.*--locator-meta"):
+            make_source("locator", url=server.base_url)
+        source = make_source("locator", url=server.base_url, metadata=str(copied), structured="none")
+        assert isinstance(source.tokenizer, ServedTokenizer)
+        assert source.settings.lines.max_lines == 4 and source.settings.max_prompt_tokens == 256
+        memories = [store.memories[q.memory_key] for q in queries]
+        timelines = [store.timeline(q.memory_key) for q in queries]
+        full = source.inputs(queries, memories, timelines, "day")
+        for q, m, t, f in zip(queries, memories, timelines, full):
+            n = len(local_tokenizer.apply_chat_template(f.messages, tokenize=True, add_generation_prompt=True,
+                                                        return_dict=False))
+            tight = PromptSettings.from_json({**source.settings.to_json(), "max_prompt_tokens": n - 3})  # drops a line
+            local = make_source("locator", url=server.base_url, metadata=str(copied), structured="none")
+            local.tokenizer, local.settings = local_tokenizer, tight
+            source.settings, kept = tight, source.settings
+            try:
+                cut, served_cut = local.inputs([q], [m], [t], "day")[0], source.inputs([q], [m], [t], "day")[0]
+            finally:
+                source.settings = kept
+            assert cut.messages != f.messages and served_cut.messages == cut.messages
+        preds, texts, _ = _predict(source, queries, store)
+        assert texts == local_predictions[1] and preds == local_predictions[0]
+        # The CLI flags say the same thing.
+        from tider.data.synth import generate, write
+
+        data = write(generate(SYNTH["n_messages"], seed=0, n_conversations=SYNTH["n_conversations"]), tmp_path / "data")
+        argv = ["eval", "retrieval", "--dataset", "jsonl", "--path", str(data), "--out", str(tmp_path / "ret"),
+                "--windows", "locator", "--locator-url", server.base_url, "--limit", "2"]
+        with pytest.raises(SystemExit, match="--locator-meta"):
+            main(argv)
+        assert main([*argv, "--locator-meta", str(copied)]) == 0  # the refused run left no records to mix with
+        assert main([*argv, "--locator-allow-unknown-settings", "--overwrite"]) == 0
+    finally:
+        hidden.rename(exported_locator)

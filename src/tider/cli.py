@@ -40,7 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "passthrough", False):
         args.extra = extra
-    return int(args.func(args) or 0)
+    from tider.locator.contract import LocatorContractError
+
+    try:
+        return int(args.func(args) or 0)
+    except LocatorContractError as exc:
+        # A locator that cannot be prompted as trained: the message says which flag fixes it.
+        raise SystemExit(f"tider {args.command}: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -99,7 +99,10 @@ class StageRunner:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / "manifest.json"
         manifest = json.loads(json.dumps(manifest, default=str))  # normalise to what JSON round-trips
-        if path.exists() and not overwrite:
+        # A run that stopped before writing any record (e.g. a refused window source) leaves
+        # nothing a new config could be mixed with.
+        has_records = any(f.stat().st_size for f in self.out_dir.glob("*.jsonl"))
+        if path.exists() and has_records and not overwrite:
             old = json.loads(path.read_text())
             if old.get("config") != manifest.get("config") or old.get("data_hash") != manifest.get("data_hash"):
                 raise ValueError(f"{path} was written by a run with a different config or data; use another --out "
