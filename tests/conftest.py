@@ -104,7 +104,7 @@ def fixed_window_locator(tmp_path_factory):
             "--model_name_or_path", str(work / "base"), "--output_dir", str(work / "sft"), "--max_steps", "100",
             "--learning_rate", "1e-2", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
             "--tiny_hidden_size", "64", "--tiny_num_layers", "2", "--tiny_num_heads", "2", "--tiny_vocab_size", "512",
-            "--tiny_structured_date_init", "false", "--timeline_top_k", "2", "--max_prompt_tokens", "256",
+            "--tiny_structured_date_init", "false", "--prompt_lines", "2", "--max_prompt_tokens", "256",
             "--max_length", "320", "--completion_only_loss", "true", "--report_to", "none", "--save_strategy", "no",
             # float32: CPUs without native bf16 run bf16 matmuls many times slower
             "--bf16", "false", "--dtype", "float32"]

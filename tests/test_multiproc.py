@@ -28,7 +28,7 @@ from tider.llm.vllm_server import free_port
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--synthetic_messages", "600", "--synthetic_conversations", "3", "--timeline_top_k", "4",
+SMALL = ["--synthetic_messages", "600", "--synthetic_conversations", "3", "--prompt_lines", "4",
          "--max_prompt_tokens", "256", "--report_to", "none", "--logging_steps", "1"]
 TINY = ["--tiny_hidden_size", "64", "--tiny_num_layers", "2", "--tiny_num_heads", "2", "--tiny_vocab_size", "1024"]
 

@@ -141,7 +141,8 @@ def production_sft(tiny_sft, work, data_dir):
 
 def test_sft_qwen3_production(production_sft):
     args = json.loads((production_sft / "tider_locator.json").read_text())
-    assert args["timeline_top_k"] == 30 and args["max_prompt_tokens"] == 3584  # the recipe's prompt settings
+    settings = args["prompt_settings"]  # the recipe's prompt settings
+    assert settings["lines"]["max_lines"] == 30 and settings["max_prompt_tokens"] == 3584
     assert steps(production_sft) == [1]
 
 

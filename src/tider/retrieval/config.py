@@ -33,7 +33,7 @@ class TimelineConfig:
     LoCoMo dev with MiniLM (``bench/sweep_timeline.py``), 0.85 yields one cluster per turn
     (4,110 entries for the 4,124 messages of 7 conversations, useless as a K=30 prompt),
     0.35 yields 405 (58 per conversation). K itself is a prompt setting (the recipes'
-    ``timeline_top_k``, recorded in the locator's metadata).
+    ``prompt_lines``, recorded in the locator's metadata).
     """
 
     delta_date_days: float = 7.0
