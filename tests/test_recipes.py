@@ -218,3 +218,21 @@ def test_grpo_qwen3_multinode_server_mode(tiny_sft, work, data_dir, tmp_path, vl
     assert run.returncode != 0
     assert "weight sync" in run.stderr and "CUDA" in run.stderr, run.stderr[-4000:]
     assert "connected to the vLLM server" in run.stderr + run.stdout  # it got that far
+
+
+@pytest.mark.slow
+def test_shipped_starting_point_is_what_the_pretrain_recipe_trains_on():
+    """models/tiny-locator-v2 records the hash of its training queries; the recipe's data as
+    written (training-only seeds, checked disjoint from evaluations above) gives the same hash."""
+    from tider.locator.contract import LocatorMetadata
+    from tider.train.config import parse_recipe
+    from tider.train.examples import split_queries
+    from tider.train.locator_data import load_training_dataset, training_data_hash
+
+    shipped = ROOT / "models/tiny-locator-v2"
+    script_args, _, _ = parse_recipe("sft", ["--config", str(ROOT / "configs/sft/tiny-pretrain.yaml")])
+    dataset = load_training_dataset(script_args)
+    train = split_queries(dataset, seed=script_args.split_seed)["train"]
+    meta = LocatorMetadata.read(shipped)
+    assert meta.training_data_hash == training_data_hash(dataset, [q.key for q in train])
+    assert meta.prompt_settings == script_args.prompt_settings().to_json()
