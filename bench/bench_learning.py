@@ -20,6 +20,7 @@ Stages (each skipped when its output exists, so an interrupted run resumes):
 
 ``--design`` switches the locator-v2 elements off for the ablation table (README):
 ``v1`` = similarity-ranked lines, no cues, spelled dates, v1 rewards, benchmark data only.
+``--sft-only`` (with fewer ``--sft-steps``) gives the reduced-budget ablation rows.
 Nothing is tuned on the test split or the check seed: hyperparameters are the recipes'.
 """
 
@@ -136,10 +137,10 @@ def plot_curves(sft_dir: Path, grpo_dir: Path, out_png: Path, reward_names) -> N
     fig.savefig(out_png, dpi=120)
 
 
-def compare(dataset, model_dir: Path, memory_keys, out: Path) -> dict:
+def compare(dataset, model_dir: Path, memory_keys, out: Path, baselines=BASELINES) -> dict:
     from tider.eval.compare import CompareConfig, run_compare
 
-    config = CompareConfig(baselines=BASELINES, source_options={"locator": {"model": str(model_dir)}},
+    config = CompareConfig(baselines=tuple(baselines), source_options={"locator": {"model": str(model_dir)}},
                            memory_keys=memory_keys, mcnemar_k=20)
     return run_compare(dataset, config, out, progress=False)
 
@@ -158,6 +159,9 @@ def parse_args(argv):
     ap.add_argument("--synthetic-messages", type=int, default=22400, help="22400 = the default benchmark; less for a smoke run")
     ap.add_argument("--synthetic-conversations", type=int, default=16)
     ap.add_argument("--max-test-queries", type=int, default=None)
+    ap.add_argument("--sft-only", action="store_true",
+                    help="ablation rows at a reduced budget: SFT, then the comparison of the SFT checkpoint (no GRPO)")
+    ap.add_argument("--baselines", default=",".join(BASELINES), help="learning-free sources in the comparison ('' = none)")
     return ap.parse_args(argv)
 
 
@@ -204,35 +208,38 @@ def main(argv=None) -> int:
                                                     # colocated engine needs a fresh process (tider.train.grpo)
                                                     "--use_vllm", "false", *rewards, *data])
     t0 = time.time()
-    if not (grpo_dir / "tider_locator.json").exists():
+    if not args.sft_only and not (grpo_dir / "tider_locator.json").exists():
         run_grpo(g_args, g_train, g_model, dataset=dataset, store=store)
     timings["grpo_s"] = time.time() - t0
+    stages = (("sft", sft_dir),) if args.sft_only else (("sft", sft_dir), ("grpo", grpo_dir))
+    final = stages[-1][1]
+    baselines = [b for b in args.baselines.split(",") if b]
 
     _, _, _, _, splits = prepare(g_args, str(sft_dir), stage="eval", dataset=dataset, store=store)
     test = splits["test"][: args.max_test_queries] if args.max_test_queries else splits["test"]
     names, weights = g_args.reward_funcs, g_train.reward_weights
     t0 = time.time()
     rows, texts = {}, {}
-    for label, folder in (("sft", sft_dir), ("grpo", grpo_dir)):
+    for label, folder in stages:
         rows[label], texts[label] = held_out_rewards(folder, test, dataset, store, names, weights)
     timings["held_out_rewards_s"] = time.time() - t0
 
     t0 = time.time()
     test_keys = sorted({q.memory_key for q in test})
-    comparison = compare(dataset, grpo_dir, test_keys, out)
+    comparison = compare(dataset, final, test_keys, out, baselines)
     timings["compare_s"] = time.time() - t0
     timings["total_s"] = time.time() - t_start
     check = None
-    if args.check_seed:
+    if args.check_seed and not args.sft_only:
         from tider.data.synth import generate
 
         t0 = time.time()
         unseen = generate(args.synthetic_messages // args.synthetic_conversations * args.check_conversations,
                           seed=args.check_seed, n_conversations=args.check_conversations)
-        check = compare(unseen, grpo_dir, None, out / f"compare-seed{args.check_seed}")
+        check = compare(unseen, final, None, out / f"compare-seed{args.check_seed}", baselines)
         timings["check_seed_s"] = time.time() - t0
 
-    diffs = [g["composite"] - s["composite"] for g, s in zip(rows["grpo"], rows["sft"])]
+    diffs = [g["composite"] - s["composite"] for g, s in zip(rows.get("grpo", ()), rows["sft"])]
     results = {
         "command": " ".join([sys.executable, *sys.argv]),
         "hardware": hardware(),
@@ -242,7 +249,7 @@ def main(argv=None) -> int:
         "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps, "reward_funcs": names, "reward_weights": weights,
         "composite": {k: float(np.mean([r["composite"] for r in v])) for k, v in rows.items()},
         "rewards_by_stage": {k: {n: float(np.mean([r[f"r/{n}"] for r in v])) for n in names} for k, v in rows.items()},
-        "bootstrap_grpo_minus_sft": paired_bootstrap_ci(diffs),
+        "bootstrap_grpo_minus_sft": paired_bootstrap_ci(diffs) if diffs else None,
         "compare": {"table": comparison["table"], "mcnemar": comparison["mcnemar"]},
         "check_seed": None if check is None else {"seed": args.check_seed, "table": check["table"],
                                                   "mcnemar": check["mcnemar"], "n_queries": check["n_queries"]},
@@ -254,7 +261,8 @@ def main(argv=None) -> int:
         for label, rs in rows.items():
             for r in rs:
                 f.write(json.dumps({"stage": label, **r}) + "\n")
-    plot_curves(sft_dir, grpo_dir, out / "curves.png", names)
+    if not args.sft_only:
+        plot_curves(sft_dir, grpo_dir, out / "curves.png", names)
     print(json.dumps({k: results[k] for k in ("composite", "bootstrap_grpo_minus_sft", "timings_s")}, indent=1))
     print((out / "compare.md").read_text())
     return 0
