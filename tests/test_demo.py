@@ -9,7 +9,7 @@ import json
 import pytest
 
 TOY = ["--synthetic-messages", "600", "--synthetic-conversations", "3", "--sft-steps", "20", "--grpo-steps", "1",
-       "--no-serve", "--limit", "6",
+       "--no-serve", "--limit", "6", "--from-scratch",
        # to both TrlParser recipes:
        "--tiny_hidden_size", "64", "--tiny_num_layers", "2", "--tiny_num_heads", "2", "--tiny_vocab_size", "1024",
        "--prompt_lines", "4", "--max_prompt_tokens", "256", "--report_to", "none", "--save_strategy", "no"]
@@ -44,3 +44,20 @@ def test_unknown_recipe_lists_the_known_ones(tmp_path):
 
     with pytest.raises(SystemExit, match="known recipes: .*tiny-cpu"):
         main(["demo", "--recipe", "nope", "--out", str(tmp_path)])
+
+
+def test_sft_starts_from_the_shipped_model_unless_told(tmp_path):
+    """The demo fine-tunes the recipe's pretrained start (models/tiny-locator-v2) by default,
+    by absolute path so it runs from any directory; --from-scratch builds one under --out;
+    a Hub-id recipe keeps its own model_name_or_path."""
+    import yaml
+
+    from tider.commands.demo import REPO, _sft_start
+
+    tiny = yaml.safe_load((REPO / "configs/sft/tiny-cpu.yaml").read_text())
+    assert _sft_start(tiny, tmp_path, False) == str(REPO / "models/tiny-locator-v2")
+    assert (REPO / "models/tiny-locator-v2/model.safetensors").exists()
+    assert _sft_start(tiny, tmp_path, True) == str(tmp_path / "base")
+    assert _sft_start({**tiny, "model_name_or_path": "nowhere/yet"}, tmp_path, False) == str(tmp_path / "base")
+    production = yaml.safe_load((REPO / "configs/sft/qwen3-1.7b.yaml").read_text())
+    assert _sft_start(production, tmp_path, False) is None

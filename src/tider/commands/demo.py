@@ -47,6 +47,9 @@ def register(subparsers) -> None:
                    help="run the locator with local transformers instead of a vLLM server (no vLLM venv needed)")
     p.add_argument("--port", type=int, default=None, help="vLLM port (default: a free one)")
     p.add_argument("--fresh", action="store_true", help="delete --out first")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="tiny recipes: build a fresh tiny Qwen3 under --out instead of starting from the recipe's "
+                        "pretrained model_name_or_path (models/tiny-locator-v2)")
     p.set_defaults(func=run, passthrough=True)
 
 
@@ -58,6 +61,19 @@ def _banner(step: str, text: str) -> float:
 def _done(t0: float, times: dict, name: str) -> None:
     times[name] = round(time.monotonic() - t0, 1)
     print(f"--- {name}: {times[name]} s", flush=True)
+
+
+def _sft_start(recipe: dict, out: Path, from_scratch: bool) -> str | None:
+    """Where SFT starts: the recipe's own model (a path in the repository, made absolute so
+    the demo runs from any directory, or a Hub id), unless a tiny recipe is asked to build
+    a fresh model under ``out`` (``--from-scratch``, or the shipped start is missing)."""
+    named = recipe.get("model_name_or_path")
+    if recipe.get("tiny_model"):
+        shipped = REPO / str(named) if named else None
+        if from_scratch or shipped is None or not (shipped / "config.json").exists():
+            return str(out / "base")
+        return str(shipped)
+    return None
 
 
 def _train(stage: str, recipe: Path, out: Path, model: str | None, data_args: list[str], steps, extra) -> None:
@@ -96,7 +112,7 @@ def run(args) -> int:
         if not recipe.exists():
             known = sorted(p.stem for p in (REPO / "configs/sft").glob("*.yaml"))
             raise SystemExit(f"recipe {args.recipe!r}: {recipe} not found; known recipes: {', '.join(known)}")
-    tiny = bool(yaml.safe_load(sft_recipe.read_text()).get("tiny_model"))
+    sft_start = _sft_start(yaml.safe_load(sft_recipe.read_text()), out, args.from_scratch)
     times: dict[str, float] = {}
 
     # 1. Benchmark: the synthetic one is written to disk so training and evaluation read the same file.
@@ -128,7 +144,7 @@ def run(args) -> int:
     sft_dir, grpo_dir = out / "sft", out / "grpo"
     t0 = _banner("3/7", f"SFT ({sft_recipe.relative_to(REPO)})")
     if not _trained(sft_dir):
-        _train("sft", sft_recipe, sft_dir, str(out / "base") if tiny else None, data_args, args.sft_steps, extra)
+        _train("sft", sft_recipe, sft_dir, sft_start, data_args, args.sft_steps, extra)
     _done(t0, times, "sft")
     t0 = _banner("4/7", f"GRPO ({grpo_recipe.relative_to(REPO)})")
     if not _trained(grpo_dir):
