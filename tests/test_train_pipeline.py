@@ -88,17 +88,18 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
 
     meta = LocatorMetadata.read(grpo)
     assert meta.granularity == "day" and meta.prompt_settings["lines"]["max_lines"] == 4
-    assert meta.prompt_settings["max_prompt_tokens"] == 384
+    budget = yaml.safe_load((ROOT / "configs/grpo/tiny-cpu.yaml").read_text())["max_prompt_tokens"]
+    assert meta.prompt_settings["max_prompt_tokens"] == budget  # the recipe's, as trained
     assert meta.timeline["theta_sem"] == 0.35 and meta.embedding_model == "sentence-transformers/all-MiniLM-L6-v2"
     ds = generate(600, seed=0, n_conversations=3)
     store = MemoryCollection(ds.memories)
     source = make_source("locator", model=str(grpo), store=store)
-    assert (source.settings.lines.max_lines, source.settings.max_prompt_tokens) == (4, 384)
+    assert (source.settings.lines.max_lines, source.settings.max_prompt_tokens) == (4, budget)
     queries = ds.queries[:4]
     memories = [ds.memories[q.memory_key] for q in queries]
     preds = source.predict_batch([q.public() for q in queries], memories, [store.timeline(q.memory_key) for q in queries])
-    for pred, outcome, memory in zip(preds, source.last_outcomes, memories):
-        assert outcome.messages[1]["content"].count("\n[") <= 4  # at most K timeline lines
-        parsed = parse_prediction(outcome.text, granularity="day", memory_span=memory.span)
+    for pred, outcome, table, memory in zip(preds, source.last_outcomes, source.last_inputs, memories):
+        assert 0 < outcome.messages[-1]["content"].count(" | L") <= 4  # at most the 4 trained timeline lines
+        parsed = parse_prediction(outcome.text, granularity="day", refs=table, memory_span=memory.span)
         assert outcome.failure == (parsed.failure.value if parsed.failure else None)
         assert pred == (parsed.prediction if parsed.ok else NON_TEMPORAL)
