@@ -58,14 +58,9 @@ def paired_bootstrap_ci(diffs, n_boot: int = 10_000, seed: int = 0, alpha: float
 
 
 def hardware() -> str:
-    try:
-        from tider.hardware import describe
+    from tider.hardware import describe
 
-        return describe()
-    except ImportError:  # before tider.hardware: read the machine directly
-        model = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                      if l.startswith("model name")), "unknown CPU")
-        return f"{model}, {len(os.sched_getaffinity(0))} cores"
+    return describe()
 
 
 def design_overrides(design: dict) -> list[str]:
