@@ -77,6 +77,17 @@ def recipe_args(recipe: str, overrides: list[str]):
     return parse_recipe(recipe.split("/")[0], ["--config", str(ROOT / f"configs/{recipe}.yaml"), *overrides])
 
 
+def reward_columns(queries, tables, dataset) -> dict:
+    """The dataset columns TRL would pass the rewards for ``queries`` (their prompt tables
+    or those tables' ``refs_json``)."""
+    return {"query_key": [q.key for q in queries], "memory_key": [q.memory_key for q in queries],
+            "gold_temporal": [q.gold.temporal for q in queries], "evidence_ids": [list(q.gold.evidence_ids) for q in queries],
+            "gold_windows": [[[w.start.isoformat(), w.end.isoformat()] for w in q.gold.windows] if q.gold.temporal else []
+                             for q in queries],
+            "answer": [q.gold.answer or "" for q in queries], "granularity": [dataset.granularity] * len(queries),
+            "refs": [t if isinstance(t, str) else t.refs_json(dataset.granularity) for t in tables]}
+
+
 def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, weights) -> tuple[list[dict], list[str]]:
     """Greedy completions of ``model_dir`` on ``queries``, scored by the GRPO rewards."""
     from tider.locator.sources import make_source
@@ -90,12 +101,7 @@ def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, wei
                              [store.timeline(q.memory_key) for q in chunk])
         texts += [o.text for o in source.last_outcomes]
         refs += [t.refs_json(dataset.granularity) for t in source.last_inputs]
-    gold = {"query_key": [q.key for q in queries], "memory_key": [q.memory_key for q in queries],
-            "gold_temporal": [q.gold.temporal for q in queries], "evidence_ids": [list(q.gold.evidence_ids) for q in queries],
-            "gold_windows": [[[w.start.isoformat(), w.end.isoformat()] for w in q.gold.windows] if q.gold.temporal else []
-                             for q in queries],
-            "answer": [q.gold.answer or "" for q in queries], "granularity": [dataset.granularity] * len(queries),
-            "refs": refs}
+    gold = reward_columns(queries, refs, dataset)
     ctx = RewardContext(dataset=dataset, store=store, k=20)
     scores = {fn.__name__: fn(prompts=None, completions=texts, **gold) for fn in make_rewards(reward_names, ctx)}
     rows = []

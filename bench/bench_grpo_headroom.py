@@ -1,0 +1,94 @@
+"""What GRPO could find, and what it found, on the learning benchmark's VALIDATION split
+(model selection happens here; the test split is kept for the claim).
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_grpo_headroom.py runs/bench_learning/sft \
+        runs/bench_learning/grpo [more GRPO checkpoints] --out runs/grpo_headroom.json
+
+1. Greedy held-out composite of every checkpoint (the GRPO rewards with the recipe's
+   weights, as ``bench_learning.py`` scores the test split), paired bootstrap of each
+   against the first.
+2. Headroom of the first (the SFT start): on ``--headroom-prompts`` validation prompts,
+   ``--samples`` completions at the GRPO temperature. GRPO raises the *sampled* reward;
+   serving is greedy, so what it can gain there is bounded by how often a sample beats
+   the greedy answer (best-of-k minus greedy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_learning as bl  # noqa: E402  (same data, recipes and scoring as the benchmark)
+
+
+def headroom(model: str, queries, dataset, store, names, weights, samples: int, temperature: float) -> dict:
+    from tider.locator.sources import make_source
+    from tider.train.prompt_filter import weighted_rewards
+    from tider.train.rewards import RewardContext, make_rewards
+
+    source = make_source("locator", model=model, batch_size=32, max_tokens=64)
+    tables = source.inputs(queries, [dataset.memories[q.memory_key] for q in queries],
+                           [store.timeline(q.memory_key) for q in queries], dataset.granularity)
+    fns = make_rewards(names, RewardContext(dataset=dataset, store=store, k=20))
+
+    def score(texts, qs, ts):
+        columns = bl.reward_columns(qs, ts, dataset)
+        return weighted_rewards(fns, weights, texts, columns)
+
+    backend = source.client.backend
+    greedy = score([c.text for c in backend.generate_batch([t.messages for t in tables], max_tokens=64, temperature=0.0)],
+                   queries, tables)
+    rep = [t for t in tables for _ in range(samples)]
+    drawn = backend.generate_batch([t.messages for t in rep], max_tokens=64, temperature=temperature, seed=1)
+    sampled = score([c.text for c in drawn], [q for q in queries for _ in range(samples)], rep).reshape(len(queries), samples)
+    by = defaultdict(list)
+    for q, g, s in zip(queries, greedy, sampled):
+        by[q.category].append([g, s.mean(), s.max()])
+    return {"prompts": len(queries), "samples": samples, "temperature": temperature,
+            "greedy": float(greedy.mean()), "sample_mean": float(sampled.mean()), "best_of_k": float(sampled.max(1).mean()),
+            "share_with_spread": float((sampled.max(1) > sampled.min(1)).mean()),
+            "share_a_sample_beats_greedy": float((sampled.max(1) > greedy + 1e-9).mean()),
+            "by_category_greedy_mean_best": {k: np.mean(v, axis=0).round(3).tolist() for k, v in sorted(by.items())}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoints", nargs="+", help="the SFT start first, then GRPO checkpoints")
+    ap.add_argument("--out", default="runs/grpo_headroom.json")
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--headroom-prompts", type=int, default=96, help="0 = skip the headroom part")
+    args = ap.parse_args(argv)
+    data = ["--report_to", "none", "--save_strategy", "no", "--synthetic_messages", "22400", "--synthetic_conversations", "16",
+            "--synthetic_train_conversations", "16", "--synthetic_train_seed", "1000", *bl.design_overrides(bl.DESIGNS["v2"])]
+    g_args, g_train, _ = bl.recipe_args("grpo/tiny-cpu", ["--model_name_or_path", args.checkpoints[0], "--output_dir", "unused", *data])
+    from tider.memory.collection import MemoryCollection
+    from tider.train.locator_data import load_training_dataset, prepare
+
+    dataset = load_training_dataset(g_args)
+    store = MemoryCollection(dataset.memories)
+    _, _, _, _, splits = prepare(g_args, args.checkpoints[0], stage="eval", dataset=dataset, store=store)
+    val, names, weights = splits["validation"], g_args.reward_funcs, g_train.reward_weights
+    rows = {c: bl.held_out_rewards(Path(c), val, dataset, store, names, weights)[0] for c in args.checkpoints}
+    start = [r["composite"] for r in rows[args.checkpoints[0]]]
+    result = {"split": "validation", "n": len(val), "composite": {
+        c: {"mean": float(np.mean([r["composite"] for r in rs])),
+            "vs_first": bl.paired_bootstrap_ci([r["composite"] - s for r, s in zip(rs, start)]) if i else None}
+        for i, (c, rs) in enumerate(rows.items())}}
+    if args.headroom_prompts:
+        picked = np.random.default_rng(0).choice(len(val), size=min(args.headroom_prompts, len(val)), replace=False)
+        result["headroom"] = headroom(args.checkpoints[0], [val[i] for i in picked], dataset, store, names, weights,
+                                      args.samples, g_train.temperature)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
