@@ -47,12 +47,6 @@ from tider.types import Granularity, Query, Window, format_time
 DEFAULT_MAX_PROMPT_TOKENS = 2048
 MAX_WINDOWS = 8
 LINE_WORDS = 12  # a line shows its best message clipped to this many words
-# Over the token budget, lines are clipped shorter (these word counts, in turn) before any
-# line is dropped: a model trained on full tables answers with their line numbers, so a
-# table that lost lines invites references past its end (bad_reference). Long real
-# messages under a small model's tokenizer are where this binds (LoCoMo under the tiny
-# synthetic-vocabulary tokenizer: ~90% of prompts lost 1-6 of 14 lines).
-SHORTER_LINE_WORDS = (8, 5, 3)
 
 SYSTEM_PROMPT = """You are a temporal window locator for a conversational memory.
 You see a question, when it was asked, the time cues a date library resolved from it, and
@@ -129,13 +123,12 @@ def cue_line(j: int, cue, granularity: Granularity) -> str:
     return f'C{j} "{cue.text}" = {_span(cue.window.start, cue.window.end, granularity)}'
 
 
-def entry_line(k: Optional[int], entry, marks: Sequence[str], message, granularity: Granularity,
-               max_words: int = LINE_WORDS) -> str:
+def entry_line(k: Optional[int], entry, marks: Sequence[str], message, granularity: Granularity) -> str:
     """``<span> [marks] | <speaker>: <best message> | L<k>`` (no tag when ``k`` is None);
     marks: ``C<j>`` inside cue j, ``A`` / ``A-<n>`` / ``A+<n>`` the anchor and its n-th
     relevant neighbour before / after it, ``R`` the latest relevant line."""
     words = " ".join(str(message.text).split()).split(" ")
-    text = " ".join(words[:max_words]) + (" ..." if len(words) > max_words else "")
+    text = " ".join(words[:LINE_WORDS]) + (" ..." if len(words) > LINE_WORDS else "")
     mark = "".join(f" {m}" for m in marks)
     tag = f" | L{k}" if k is not None else ""
     return f"{_span(entry.start, entry.end, granularity)}{mark} | {message.speaker}: {text}{tag}"
@@ -161,10 +154,9 @@ def locator_input(query_public: Query, memory, timeline, cues: Sequence, granula
                   tokenizer=None) -> LocatorInput:
     """The v2 prompt for one query. ``timeline`` must already be the visible one
     (``Timeline.visible(asked_at)``) and ``cues`` the clipped ones (``rules.query_cues``).
-    With a ``tokenizer``, a chat over ``settings.max_prompt_tokens`` first gets shorter
-    lines (``SHORTER_LINE_WORDS``), then loses its lowest-priority lines until it fits
-    (TRL no longer truncates prompts, and a cut inside a line would hand the model a
-    broken date)."""
+    With a ``tokenizer``, the lowest-priority lines are dropped until the chat fits
+    ``settings.max_prompt_tokens`` (TRL no longer truncates prompts, and a cut inside a
+    line would hand the model a broken date)."""
     if query_public.gold.answer is not None or query_public.gold.evidence_ids or query_public.gold.windows:
         raise ValueError(f"query {query_public.key!r}: locator_input takes query.public(), not a query with gold")
     if timeline is None or not len(timeline):
@@ -184,33 +176,23 @@ def locator_input(query_public: Query, memory, timeline, cues: Sequence, granula
     head = [{"role": "system", "content": system_prompt(granularity)}] if settings.system_prompt else []
     cue_text = [cue_line(j, c, granularity) for j, c in enumerate(cues, start=1)]
 
-    def build(n: int, words: int = LINE_WORDS) -> LocatorInput:
+    def build(n: int) -> LocatorInput:
         shown = sorted(priority[:n])
-        text = [entry_line(k if settings.pointers else None, timeline.span(i), marks.get(i, ()), memory[int(best[i])],
-                           granularity, words)
+        text = [entry_line(k if settings.pointers else None, timeline.span(i), marks.get(i, ()), memory[int(best[i])], granularity)
                 for k, i in enumerate(shown, start=1)]
         messages = head + [{"role": "user", "content": _render(query_public, cue_text, text, granularity)}]
         lines = tuple(timeline.span(i) for i in shown) if settings.pointers else ()
         parts = (question_block(query_public, granularity), *cue_text, *text)
         return LocatorInput(messages, lines, tuple(c.window for c in cues) if settings.pointers else (), parts)
 
-    n, words = len(priority), LINE_WORDS
-    if tokenizer is None:
-        return build(n)
-
-    def fits(n: int, words: int) -> bool:
-        return _count_tokens(tokenizer, build(n, words).messages) <= settings.max_prompt_tokens
-
-    for shorter in SHORTER_LINE_WORDS:  # shorter lines first, fewer lines last
-        if n == 0 or fits(n, words):
-            break
-        words = shorter
-    while n > 0 and not fits(n, words):
-        n -= 1
-    if n == 0 and not fits(0, words):
-        raise ValueError(f"query {query_public.key!r}: the locator prompt needs more than "
-                         f"max_prompt_tokens={settings.max_prompt_tokens} tokens even without timeline lines")
-    return build(n, words)
+    n = len(priority)
+    if tokenizer is not None:
+        while n > 0 and _count_tokens(tokenizer, build(n).messages) > settings.max_prompt_tokens:
+            n -= 1
+        if n == 0 and _count_tokens(tokenizer, build(0).messages) > settings.max_prompt_tokens:
+            raise ValueError(f"query {query_public.key!r}: the locator prompt needs more than "
+                             f"max_prompt_tokens={settings.max_prompt_tokens} tokens even without timeline lines")
+    return build(n)
 
 
 def prompt_hash(granularity: Granularity) -> str:
