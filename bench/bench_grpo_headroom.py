@@ -64,8 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--headroom-prompts", type=int, default=96, help="0 = skip the headroom part")
     args = ap.parse_args(argv)
-    data = ["--report_to", "none", "--save_strategy", "no", "--synthetic_messages", "22400", "--synthetic_conversations", "16",
-            "--synthetic_train_conversations", "16", "--synthetic_train_seed", "1000", *bl.design_overrides(bl.DESIGNS["v2"])]
+    data = bl.data_overrides(bl.parse_args([]), bl.DESIGNS["v2"])  # the benchmark's defaults
     g_args, g_train, _ = bl.recipe_args("grpo/tiny-cpu", ["--model_name_or_path", args.checkpoints[0], "--output_dir", "unused", *data])
     from tider.memory.collection import MemoryCollection
     from tider.train.locator_data import load_training_dataset, prepare

@@ -71,6 +71,14 @@ def design_overrides(design: dict) -> list[str]:
             "--prompt_pointers", str(design["pointers"]).lower()]
 
 
+def data_overrides(args, design: dict) -> list[str]:
+    """Recipe overrides that give every stage the benchmark's data and prompt design."""
+    fresh = args.train_conversations if design["fresh"] else 0
+    return ["--report_to", "none", "--save_strategy", "no", "--synthetic_messages", str(args.synthetic_messages),
+            "--synthetic_conversations", str(args.synthetic_conversations), "--synthetic_train_conversations", str(fresh),
+            "--synthetic_train_seed", str(args.train_seed), *design_overrides(design)]
+
+
 def recipe_args(recipe: str, overrides: list[str]):
     from tider.train.config import parse_recipe
 
@@ -78,36 +86,32 @@ def recipe_args(recipe: str, overrides: list[str]):
 
 
 def reward_columns(queries, tables, dataset) -> dict:
-    """The dataset columns TRL would pass the rewards for ``queries`` (their prompt tables
-    or those tables' ``refs_json``)."""
-    return {"query_key": [q.key for q in queries], "memory_key": [q.memory_key for q in queries],
-            "gold_temporal": [q.gold.temporal for q in queries], "evidence_ids": [list(q.gold.evidence_ids) for q in queries],
-            "gold_windows": [[[w.start.isoformat(), w.end.isoformat()] for w in q.gold.windows] if q.gold.temporal else []
-                             for q in queries],
-            "answer": [q.gold.answer or "" for q in queries], "granularity": [dataset.granularity] * len(queries),
-            "refs": [t if isinstance(t, str) else t.refs_json(dataset.granularity) for t in tables]}
+    """The columns TRL passes the rewards for these prompts (``tider.train.examples``)."""
+    from tider.train.examples import as_columns, reward_columns as columns_of
+
+    return as_columns([columns_of(q, t, dataset.granularity) for q, t in zip(queries, tables)])
 
 
 def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, weights) -> tuple[list[dict], list[str]]:
     """Greedy completions of ``model_dir`` on ``queries``, scored by the GRPO rewards."""
     from tider.locator.sources import make_source
+    from tider.train.prompt_filter import reward_scores
     from tider.train.rewards import RewardContext, make_rewards
 
     source = make_source("locator", model=str(model_dir), batch_size=16, max_tokens=64)
-    texts, refs = [], []
+    texts, tables = [], []
     for i in range(0, len(queries), 32):
         chunk = queries[i: i + 32]
         source.predict_batch([q.public() for q in chunk], [dataset.memories[q.memory_key] for q in chunk],
                              [store.timeline(q.memory_key) for q in chunk])
         texts += [o.text for o in source.last_outcomes]
-        refs += [t.refs_json(dataset.granularity) for t in source.last_inputs]
-    gold = reward_columns(queries, refs, dataset)
-    ctx = RewardContext(dataset=dataset, store=store, k=20)
-    scores = {fn.__name__: fn(prompts=None, completions=texts, **gold) for fn in make_rewards(reward_names, ctx)}
+        tables += source.last_inputs
+    fns = make_rewards(reward_names, RewardContext(dataset=dataset, store=store, k=20))
+    scores = reward_scores(fns, texts, reward_columns(queries, tables, dataset))
     rows = []
     for i, q in enumerate(queries):
-        row = {"query": q.key, "type": q.category, **{f"r/{k}": v[i] for k, v in scores.items()}}
-        row["composite"] = sum(w * scores[k][i] for k, w in zip(reward_names, weights))
+        row = {"query": q.key, "type": q.category, **{f"r/{k}": float(v[i]) for k, v in scores.items()}}
+        row["composite"] = float(sum(w * scores[k][i] for k, w in zip(reward_names, weights)))
         rows.append(row)
     return rows, texts
 
@@ -184,10 +188,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     design = DESIGNS[args.design]
     base, sft_dir, grpo_dir = out / "base", out / "sft", out / "grpo"
-    fresh = ["--synthetic_train_conversations", str(args.train_conversations if design["fresh"] else 0),
-             "--synthetic_train_seed", str(args.train_seed)]
-    data = ["--report_to", "none", "--save_strategy", "no", "--synthetic_messages", str(args.synthetic_messages),
-            "--synthetic_conversations", str(args.synthetic_conversations), *fresh, *design_overrides(design)]
+    data = data_overrides(args, design)
     timings, t_start = {}, time.time()
 
     from tider.memory.collection import MemoryCollection
@@ -257,7 +258,7 @@ def main(argv=None) -> int:
         "hardware": hardware(),
         "design": {"name": args.design, **design},
         "dataset": {"split_sizes": {k: len(v) for k, v in splits.items()}, "test_used": len(test),
-                    "train_only_conversations": fresh[1]},
+                    "train_only_conversations": args.train_conversations if design["fresh"] else 0},
         "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps, "reward_funcs": names, "reward_weights": weights,
         "composite": {k: float(np.mean([r["composite"] for r in v])) for k, v in rows.items()},
         "rewards_by_stage": {k: {n: float(np.mean([r[f"r/{n}"] for r in v])) for n in names} for k, v in rows.items()},

@@ -160,29 +160,39 @@ def sft_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
     return records
 
 
+def reward_columns(q: Query, table, granularity) -> dict:
+    """The columns the GRPO rewards read for one prompt (TRL passes extra dataset columns
+    as kwargs): the prompt's reference table (``refs``) and the gold labels."""
+    gold_windows = [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in q.gold.windows] \
+        if q.gold.temporal else []
+    return {
+        "refs": table.refs_json(granularity),
+        "query_key": q.key,
+        "memory_key": q.memory_key,
+        "category": q.category or "",
+        "granularity": granularity,
+        "gold_temporal": bool(q.gold.temporal),
+        "gold_windows": gold_windows,
+        "n_gold_windows": len(gold_windows),
+        "evidence_ids": list(q.gold.evidence_ids),
+        "answer": q.gold.answer or "",
+    }
+
+
+def as_columns(records: Sequence[dict], repeat: int = 1) -> dict:
+    """Records -> the keyword columns a reward function gets, each record ``repeat`` times
+    in a row (TRL's layout for G completions of a prompt); the prompt itself is left out."""
+    keys = [k for k in records[0] if k not in ("prompt", "completion")] if records else []
+    return {k: [r[k] for r in records for _ in range(repeat)] for k in keys}
+
+
 def grpo_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
-    """GRPO prompts plus the columns the rewards read (TRL passes extra columns as kwargs):
-    the prompt's reference table (``refs``) and the gold labels."""
+    """GRPO prompts plus the columns the rewards read (``reward_columns``)."""
     g = builder.dataset.granularity
     records = []
     for q in queries:
         table = builder.build(q)
-        gold_windows = [[format_time(w.start, g), format_time(w.end, g)] for w in q.gold.windows] if q.gold.temporal else []
-        records.append(
-            {
-                "prompt": table.messages,
-                "refs": table.refs_json(g),
-                "query_key": q.key,
-                "memory_key": q.memory_key,
-                "category": q.category or "",
-                "granularity": g,
-                "gold_temporal": bool(q.gold.temporal),
-                "gold_windows": gold_windows,
-                "n_gold_windows": len(gold_windows),
-                "evidence_ids": list(q.gold.evidence_ids),
-                "answer": q.gold.answer or "",
-            }
-        )
+        records.append({"prompt": table.messages, **reward_columns(q, table, g)})
     return records
 
 

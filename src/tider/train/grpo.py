@@ -137,9 +137,12 @@ def filter_prompts(records, rewards, script_args, training_args, model_args) -> 
     from tider.llm.backends import LocalHFBackend
     from tider.train.prompt_filter import informative_records
 
+    import torch
+
     dtype = model_init_kwargs(training_args, model_args).get("dtype") or "float32"
+    device = "cuda" if torch.cuda.is_available() and not training_args.use_cpu else "cpu"
     backend = LocalHFBackend(model_args.model_name_or_path, dtype=str(dtype).replace("torch.", ""), batch_size=32,
-                             chat_template_kwargs=training_args.chat_template_kwargs)
+                             device=device, chat_template_kwargs=training_args.chat_template_kwargs)
     weights = training_args.reward_weights or [1.0] * len(rewards)
     kept, report = informative_records(records, backend, rewards, weights, samples=script_args.filter_samples,
                                        pool=script_args.filter_pool, temperature=training_args.temperature,

@@ -25,20 +25,21 @@ from typing import Sequence
 
 import numpy as np
 
+from tider.train.examples import as_columns
+
 logger = logging.getLogger(__name__)
 
 
+def reward_scores(reward_fns, completions: Sequence[str], columns: dict) -> dict[str, np.ndarray]:
+    """Each reward function's scores for ``completions``, by its registry name."""
+    return {fn.__name__: np.asarray(fn(prompts=None, completions=list(completions), **columns), dtype=np.float64)
+            for fn in reward_fns}
+
+
 def weighted_rewards(reward_fns, weights: Sequence[float], completions: Sequence[str], columns: dict) -> np.ndarray:
-    """The composite reward TRL would compute: ``sum_i w_i * r_i`` per completion."""
-    total = np.zeros(len(completions))
-    for fn, w in zip(reward_fns, weights):
-        total += float(w) * np.asarray(fn(prompts=None, completions=list(completions), **columns), dtype=np.float64)
-    return total
-
-
-def _columns(records: Sequence[dict], repeat: int) -> dict:
-    keys = [k for k in records[0] if k not in ("prompt", "completion")]
-    return {k: [r[k] for r in records for _ in range(repeat)] for k in keys}
+    """The composite reward TRL computes: ``sum_i w_i * r_i`` per completion."""
+    scores = reward_scores(reward_fns, completions, columns)
+    return sum(float(w) * scores[fn.__name__] for fn, w in zip(reward_fns, weights))
 
 
 def informative_records(records: Sequence[dict], backend, reward_fns, weights: Sequence[float], *, samples: int,
@@ -57,7 +58,7 @@ def informative_records(records: Sequence[dict], backend, reward_fns, weights: S
         part = candidates[i: i + per_chunk]
         batch = [r["prompt"] for r in part for _ in range(samples)]
         texts = [c.text for c in backend.generate_batch(batch, max_tokens=max_tokens, temperature=temperature, seed=seed + i)]
-        scores = weighted_rewards(reward_fns, weights, texts, _columns(part, samples)).reshape(len(part), samples)
+        scores = weighted_rewards(reward_fns, weights, texts, as_columns(part, samples)).reshape(len(part), samples)
         for record, row in zip(part, scores):
             spread.append(float(row.max() - row.min()))
             if spread[-1] > 1e-9:
