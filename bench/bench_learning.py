@@ -222,7 +222,12 @@ def main(argv=None) -> int:
                                                     *shlex.split(args.grpo_args)])
     t0 = time.time()
     if not args.sft_only and not (grpo_dir / "tider_locator.json").exists():
-        run_grpo(g_args, g_train, g_model, dataset=dataset, store=store)
+        g_data, g_store = dataset, store
+        fresh = lambda a: (a.synthetic_train_conversations, a.synthetic_train_seed)
+        if fresh(g_args) != fresh(s_args):  # --grpo-args gave GRPO train-only conversations SFT never saw
+            g_data = load_training_dataset(g_args)
+            g_store = MemoryCollection(g_data.memories)
+        run_grpo(g_args, g_train, g_model, dataset=g_data, store=g_store)
     timings["grpo_s"] = time.time() - t0
     stages = (("sft", sft_dir),) if args.sft_only else (("sft", sft_dir), ("grpo", grpo_dir))
     final = stages[-1][1]
