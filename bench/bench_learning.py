@@ -49,6 +49,8 @@ DESIGNS = {
     "+pointers": dict(select="structured", cues=True, pointers=True, rewards="v1", fresh=False),
     "+rewards": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=False),
     "v2": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=True),
+    # Not yet the default: answers may name a line's anchor/recent mark ({"mark": "A+1"}).
+    "+marks": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=True, marks=True),
 }
 
 
@@ -68,7 +70,7 @@ def hardware() -> str:
 
 def design_overrides(design: dict) -> list[str]:
     return ["--prompt_select", design["select"], "--prompt_show_cues", str(design["cues"]).lower(),
-            "--prompt_pointers", str(design["pointers"]).lower()]
+            "--prompt_pointers", str(design["pointers"]).lower(), "--prompt_marks", str(design.get("marks", False)).lower()]
 
 
 def data_overrides(args, design: dict) -> list[str]:

@@ -130,6 +130,40 @@ def test_references_resolve_against_the_table_and_the_json_column():
     assert no_table.failure is ParseFailure.BAD_REFERENCE
 
 
+
+def test_mark_answers_resolve_to_the_marked_line_when_trained_with_marks():
+    from tider.locator.contract import MARKS_OUTPUT_SCHEMA, LocatorContractError, LocatorMetadata, schema_for
+    from tider.train.examples import gold_answer
+
+    plain, table = _input(), _input(PromptSettings(marks=True))
+    assert plain.marks == () and "marks" not in json.loads(plain.refs_json("day"))
+    assert '{"mark"' not in plain.messages[0]["content"] and '{"mark"' in table.messages[0]["content"]
+    (k,) = [k for m, k in table.marks if m == "R"]
+    lines = table.messages[-1]["content"].split("Timeline:\n")[1].splitlines()
+    assert " R |" in lines[k - 1] and all(m == "R" or m.startswith("A") for m, _ in table.marks)  # never a cue mark
+    by_entry = parse_prediction(f'{{"temporal": true, "windows": [{{"entry": {k}}}]}}', granularity="day", refs=table)
+    for refs in (table, table.refs_json("day"), Refs.of(table)):
+        r = parse_prediction('{"temporal": true, "windows": [{"mark": "R"}]}', granularity="day", refs=refs)
+        assert r.ok and r.prediction == by_entry.prediction
+    for refs in (plain, table):  # a label no line carries, or a table without marks: a typed failure
+        bad = parse_prediction('{"temporal": true, "windows": [{"mark": "A+7"}]}', granularity="day", refs=refs)
+        assert bad.failure is ParseFailure.BAD_REFERENCE and "A+7" in bad.detail
+    jsonschema.validate({"temporal": True, "windows": [{"mark": "R"}]}, table.schema())
+    for schema, label in ((table.schema(), "A+7"), (plain.schema(), "R"), (OUTPUT_SCHEMA, "R")):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"temporal": True, "windows": [{"mark": label}]}, schema)
+    # the gold answer names the line by its mark only when the prompt answers by marks
+    q = _query(temporal=True, windows=(table.lines[k - 1],), evidence_ids=(1,))
+    assert gold_answer(q, table, "day")["windows"] == [{"mark": "R"}]
+    assert gold_answer(q, plain, "day")["windows"] == [{"entry": [j for j, w in enumerate(plain.lines, 1)
+                                                                 if w == table.lines[k - 1]][0]}]
+    # the metadata records the schema of its settings; a v2 checkpoint without marks keeps OUTPUT_SCHEMA
+    assert schema_for(None) == schema_for({"marks": False}) == OUTPUT_SCHEMA
+    settings = PromptSettings(marks=True).to_json()
+    LocatorMetadata(prompt_settings=settings, output_schema=MARKS_OUTPUT_SCHEMA).validate("m")
+    with pytest.raises(LocatorContractError, match="output_schema"):
+        LocatorMetadata(prompt_settings=settings).validate("m")
+
 SPAN = Window(datetime(2023, 1, 1), datetime(2023, 12, 31, 18))
 
 

@@ -65,6 +65,28 @@ def test_local_locator_predicts_or_falls_back_to_semantic(checkpoint, world):
     assert failures and dict(source.failures) == {f: failures.count(f) for f in set(failures)}
 
 
+def test_a_locator_trained_with_marks_is_prompted_with_them(checkpoint, world):
+    """``prompt_marks`` travels in the metadata: the source's tables then carry the marks a
+    ``{"mark"}`` answer resolves with, and a mark answer parses against them."""
+    from tider.locator.contract import MARKS_OUTPUT_SCHEMA
+    from tider.locator.parse import parse_prediction
+
+    marks = PromptSettings(LineConfig(max_lines=3), max_prompt_tokens=2000, marks=True)
+    meta = {**SETTINGS, "prompt_settings": marks.to_json(), "output_schema": MARKS_OUTPUT_SCHEMA}
+    (checkpoint.parent / METADATA_FILE).write_text(json.dumps(meta))
+    source = make_source("locator", model=str(checkpoint), max_tokens=24)
+    assert source.settings == marks
+    ds, store = world
+    queries = ds.queries[:5]
+    source.predict_batch([q.public() for q in queries], [ds.memories[q.memory_key] for q in queries],
+                         [store.timeline(q.memory_key) for q in queries])
+    tables = [t for t in source.last_inputs if t.marks]
+    assert tables
+    label, k = tables[0].marks[0]
+    r = parse_prediction(json.dumps({"temporal": True, "windows": [{"mark": label}]}), granularity="day", refs=tables[0])
+    assert r.ok and r.prediction.windows[0].start.date() == tables[0].lines[k - 1].start.date()
+
+
 def test_unknown_settings_are_refused_unless_allowed(checkpoint, world):
     with pytest.raises(LocatorContractError, match="no tider_locator.json .* allow_unknown_settings"):
         make_source("locator", model=str(checkpoint))

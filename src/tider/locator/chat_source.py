@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from tider.locator.contract import NO_THINKING, OUTPUT_SCHEMA
+from tider.locator.contract import MARKS_OUTPUT_SCHEMA, NO_THINKING, OUTPUT_SCHEMA
 from tider.locator.prompt import PromptSettings, locator_input
 from tider.locator.sources import BaseSource, register_source
 from tider.types import NON_TEMPORAL, Granularity, Memory, Query, WindowPrediction
@@ -85,8 +85,11 @@ def predict_batch(
     """Send each ``LocatorInput`` to ``client`` and parse the answer against its table."""
     from tider.locator.parse import parse_prediction
 
-    # A served model gets each prompt's own schema: references bounded by its table.
-    results = client.chat_batch([i.messages for i in inputs], stage="locator", json_schema=OUTPUT_SCHEMA,
+    # A served model gets each prompt's own schema: references bounded by its table. A local
+    # one is checked against the generic schema, which must allow mark answers when the
+    # prompts offer marks (else every such answer would count as malformed and be retried).
+    generic = MARKS_OUTPUT_SCHEMA if any(i.marks for i in inputs) else OUTPUT_SCHEMA
+    results = client.chat_batch([i.messages for i in inputs], stage="locator", json_schema=generic,
                                 json_schemas=[i.schema() for i in inputs], max_tokens=max_tokens, temperature=0.0,
                                 progress=progress)
     spans = list(memory_spans) if memory_spans is not None else [None] * len(inputs)

@@ -37,13 +37,23 @@ _SPAN = {"type": "object", "properties": {"start": {"type": "string"}, "end": {"
          "required": ["start", "end"], "additionalProperties": False}
 
 
-def output_schema(n_lines: Optional[int] = None, n_cues: Optional[int] = None) -> dict[str, Any]:
+def _mark_ref(labels) -> dict:
+    label = {"type": "string", **({} if labels is True else {"enum": list(labels)})}
+    return {"type": "object", "properties": {"mark": label}, "required": ["mark"], "additionalProperties": False}
+
+
+def output_schema(n_lines: Optional[int] = None, n_cues: Optional[int] = None, marks=None) -> dict[str, Any]:
     """The answer's JSON schema: windows are ``{"entry": k}`` (a timeline line),
-    ``{"cue": j}`` (a resolved time cue) or ``{"start", "end"}``. With ``n_lines``/``n_cues``
-    (one prompt's table) the references are bounded, so a grammar-constrained server cannot
-    point past the table. Kept to anyOf and integer bounds, which vLLM's xgrammar and
-    OpenAI's strict mode accept; the parser checks dates and consistency."""
-    options = [_ref("entry", n_lines)] + ([] if n_cues == 0 else [_ref("cue", n_cues)]) + [_SPAN]
+    ``{"cue": j}`` (a resolved time cue) or ``{"start", "end"}``; a locator trained with
+    ``PromptSettings.marks`` may also write ``{"mark": "A+1"}`` (the line carrying that
+    mark). With ``n_lines``/``n_cues``/``marks`` (one prompt's table: its mark labels) the
+    references are bounded, so a grammar-constrained server cannot point past the table;
+    ``marks=True`` allows any label (the parser checks it). Kept to anyOf, integer bounds
+    and enums, which vLLM's xgrammar and OpenAI's strict mode accept; the parser checks
+    dates and consistency."""
+    options = [_ref("entry", n_lines)] + ([] if n_cues == 0 else [_ref("cue", n_cues)])
+    options += [_mark_ref(marks)] if marks else []
+    options += [_SPAN]
     return {
         "type": "object",
         "properties": {"temporal": {"type": "boolean"},
@@ -54,6 +64,13 @@ def output_schema(n_lines: Optional[int] = None, n_cues: Optional[int] = None) -
 
 
 OUTPUT_SCHEMA: dict[str, Any] = output_schema()
+MARKS_OUTPUT_SCHEMA: dict[str, Any] = output_schema(marks=True)
+
+
+def schema_for(prompt_settings: Optional[dict]) -> dict[str, Any]:
+    """The generic output schema of a locator trained with these prompt settings
+    (``PromptSettings.to_json()``; ``None``: the defaults)."""
+    return MARKS_OUTPUT_SCHEMA if (prompt_settings or {}).get("marks") else OUTPUT_SCHEMA
 
 METADATA_FILE = "tider_locator.json"
 METADATA_FORMAT = 2  # 2: + timeline settings, embedding model and template
@@ -147,8 +164,9 @@ class LocatorMetadata:
                 f"{where}: prompt version {self.prompt_version!r} does not match this code's {PROMPT_VERSION!r}; "
                 "the model would be prompted with a format it was not trained on (retrain it with this version: "
                 "`tider sft` then `tider grpo`)")
-        if self.output_schema != OUTPUT_SCHEMA:
-            raise LocatorContractError(f"{where}: output_schema differs from tider.locator.contract.OUTPUT_SCHEMA")
+        if self.output_schema != schema_for(self.prompt_settings):
+            raise LocatorContractError(f"{where}: output_schema differs from the one tider.locator.contract gives "
+                                       "these prompt settings (schema_for)")
         if self.granularity is not None and self.granularity not in GRANULARITIES:
             raise LocatorContractError(f"{where}: granularity {self.granularity!r} is not one of {GRANULARITIES}")
         return self

@@ -1,7 +1,8 @@
 """Read a locator completion back into a ``WindowPrediction`` — or a typed failure.
 
 locator-v2 windows are ``{"entry": k}`` / ``{"cue": j}`` references into the prompt's
-table (``tider.locator.prompt.LocatorInput``: line spans and cue ranges, 1-based) or
+table (``tider.locator.prompt.LocatorInput``: line spans and cue ranges, 1-based),
+``{"mark": "A+1"}`` (the line carrying that mark, for a locator trained with marks) or
 explicit ``{"start", "end"}``; ``refs`` carries that table. A reference past the table is
 ``BAD_REFERENCE``; a referenced span covers its whole first and last unit, like a date.
 
@@ -29,7 +30,7 @@ from typing import Optional
 import jsonschema
 from dateutil.parser import isoparse
 
-from tider.locator.contract import MAX_WINDOWS, OUTPUT_SCHEMA
+from tider.locator.contract import MARKS_OUTPUT_SCHEMA, MAX_WINDOWS
 from tider.types import GRANULARITY_UNIT, Granularity, Window, WindowPrediction, floor_time
 
 
@@ -45,10 +46,12 @@ class ParseFailure(str, Enum):
 
 @dataclass(frozen=True)
 class Refs:
-    """What ``{"entry": k}`` and ``{"cue": j}`` point at: line spans and cue ranges."""
+    """What ``{"entry": k}``, ``{"cue": j}`` and ``{"mark": label}`` point at: line spans,
+    cue ranges, and (label, line number) pairs."""
 
     lines: tuple[Window, ...] = ()
     cues: tuple[Window, ...] = ()
+    marks: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def of(cls, obj) -> "Refs":
@@ -61,8 +64,9 @@ class Refs:
             def windows(rows):
                 return tuple(Window(isoparse(a), isoparse(b)) for a, b in rows)
 
-            return cls(windows(obj.get("lines", ())), windows(obj.get("cues", ())))
-        return cls(tuple(obj.lines), tuple(obj.cues))
+            marks = tuple((str(m), int(k)) for m, k in obj.get("marks", {}).items())
+            return cls(windows(obj.get("lines", ())), windows(obj.get("cues", ())), marks)
+        return cls(tuple(obj.lines), tuple(obj.cues), tuple(getattr(obj, "marks", ())))
 
 
 @dataclass(frozen=True)
@@ -77,8 +81,9 @@ class ParseResult:
 
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
-# The schema without its maxItems: too many windows is its own, more useful, failure.
-_SHAPE_SCHEMA = json.loads(json.dumps(OUTPUT_SCHEMA))
+# The schema without its maxItems: too many windows is its own, more useful, failure. Mark
+# references are part of the shape; whether this table has the label is checked below.
+_SHAPE_SCHEMA = json.loads(json.dumps(MARKS_OUTPUT_SCHEMA))
 _SHAPE_SCHEMA["properties"]["windows"].pop("maxItems", None)  # (references are checked against the table below)
 _VALIDATOR = jsonschema.Draft202012Validator(_SHAPE_SCHEMA)
 
@@ -108,6 +113,11 @@ def _end_of_unit(ts: datetime, granularity: Granularity) -> datetime:
 
 def _window(raw: dict, refs: Refs, granularity: Granularity) -> tuple[Optional[Window], Optional[ParseResult]]:
     """One raw window -> (window, None) or (None, failure)."""
+    if "mark" in raw:
+        k = dict(refs.marks).get(raw["mark"])
+        if k is None or not 1 <= k <= len(refs.lines):
+            return None, ParseResult(None, ParseFailure.BAD_REFERENCE, f"mark {raw['mark']!r} is on no line of the prompt")
+        raw = {"entry": k}
     for name, table in (("entry", refs.lines), ("cue", refs.cues)):
         if name in raw:
             k = raw[name]

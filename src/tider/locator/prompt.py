@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -70,6 +71,10 @@ class PromptSettings:
     select: str = "structured"  # "structured" (tider.locator.lines) or "similarity" (v1: top lines by similarity)
     show_cues: bool = True  # resolved time cues in the prompt and as {"cue": j} targets
     pointers: bool = True  # lines tagged L<k> and answered by reference; False: answers spell dates
+    # Also answer by a line's mark ({"mark": "A+1"}, "R"): the answer to "the review after
+    # the reorg" is then the same token in every prompt, not the number of whichever line
+    # carries A+1 (README, learning benchmark). Off in locator-v2 checkpoints made before it.
+    marks: bool = False
 
     def __post_init__(self) -> None:
         if self.select not in ("structured", "similarity"):
@@ -91,21 +96,32 @@ class LocatorInput:
     messages: list[dict]
     lines: tuple[Window, ...]
     cues: tuple[Window, ...]
+    marks: tuple[tuple[str, int], ...] = ()  # (mark label, line number) a {"mark"} answer resolves with
     # The rendered public pieces (question block, cue lines, timeline lines): what the leak
     # validator accepts in the prompt besides the fixed template.
     parts: tuple[str, ...] = ()
 
     def schema(self) -> dict:
-        return output_schema(len(self.lines), len(self.cues))
+        return output_schema(len(self.lines), len(self.cues), [m for m, _ in self.marks])
 
     def refs_json(self, granularity: Granularity) -> str:
         """The table as a compact JSON string (a GRPO dataset column the rewards read)."""
-        return json.dumps({"lines": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.lines],
-                           "cues": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.cues]})
+        table = {"lines": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.lines],
+                 "cues": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.cues]}
+        return json.dumps({**table, "marks": dict(self.marks)} if self.marks else table)
 
 
-def system_prompt(granularity: Granularity) -> str:
-    return SYSTEM_PROMPT.replace("{time_format}", TIME_FORMATS[granularity]).replace("{max_windows}", str(MAX_WINDOWS))
+MARKS_NOTE = """
+A window may also be {"mark": "<mark>"}: the line carrying that mark (A: the event the question
+names, A-1 / A+1: the relevant line before / after it, R: the latest relevant line)."""
+# The marks a {"mark"} answer may name: the anchor's and the latest relevant line's. A cue
+# mark (C<j>) can sit on several lines; {"cue": j} already names the cue.
+POINTER_MARK = re.compile(r"A([+-][0-9]+)?|R")
+
+
+def system_prompt(granularity: Granularity, marks: bool = False) -> str:
+    text = SYSTEM_PROMPT + (MARKS_NOTE if marks else "")
+    return text.replace("{time_format}", TIME_FORMATS[granularity]).replace("{max_windows}", str(MAX_WINDOWS))
 
 
 def question_block(query: Query, granularity: Granularity) -> str:
@@ -173,7 +189,7 @@ def locator_input(query_public: Query, memory, timeline, cues: Sequence, granula
     else:  # v1: the most similar entries, no marks
         selection = Selection([int(i) for i in np.lexsort((np.arange(len(scores)), -scores))[: settings.lines.max_lines]])
     priority, marks = selection.picked, selection.marks
-    head = [{"role": "system", "content": system_prompt(granularity)}] if settings.system_prompt else []
+    head = [{"role": "system", "content": system_prompt(granularity, settings.marks)}] if settings.system_prompt else []
     cue_text = [cue_line(j, c, granularity) for j, c in enumerate(cues, start=1)]
 
     def build(n: int) -> LocatorInput:
@@ -182,8 +198,10 @@ def locator_input(query_public: Query, memory, timeline, cues: Sequence, granula
                 for k, i in enumerate(shown, start=1)]
         messages = head + [{"role": "user", "content": _render(query_public, cue_text, text, granularity)}]
         lines = tuple(timeline.span(i) for i in shown) if settings.pointers else ()
+        refs = tuple((m, k) for k, i in enumerate(shown, start=1) for m in marks.get(i, ())
+                     if POINTER_MARK.fullmatch(m)) if settings.pointers and settings.marks else ()
         parts = (question_block(query_public, granularity), *cue_text, *text)
-        return LocatorInput(messages, lines, tuple(c.window for c in cues) if settings.pointers else (), parts)
+        return LocatorInput(messages, lines, tuple(c.window for c in cues) if settings.pointers else (), refs, parts)
 
     n = len(priority)
     if tokenizer is not None:

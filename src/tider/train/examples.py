@@ -93,7 +93,8 @@ def gold_answer(query: Query, table, granularity) -> dict:
     """The gold locator answer for one prompt, in the v2 output: each gold window as the
     reference in the prompt's table that covers it best — the cue when it is at least as
     tight as the best line (a spelled-out date), else the line (the event inside "last
-    week"), else, when nothing in the prompt touches it, the dates themselves."""
+    week") — by its first anchor/recent mark when the prompt answers by marks — else,
+    when nothing in the prompt touches it, the dates themselves."""
     gold = query.gold
     if not gold.temporal:
         return {"temporal": False, "windows": []}
@@ -106,7 +107,8 @@ def gold_answer(query: Query, table, granularity) -> dict:
         if cue_iou > 0 and cue_iou >= line_iou:
             ref = {"cue": cue + 1}
         elif line_iou > 0:
-            ref = {"entry": line + 1}
+            labels = [m for m, k in getattr(table, "marks", ()) if k == line + 1]
+            ref = {"mark": labels[0]} if labels else {"entry": line + 1}
         else:
             ref = g.to_json(granularity)
         if ref not in windows:

@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
-from tider.locator.contract import METADATA_FILE, NO_THINKING, LocatorMetadata, input_settings
+from tider.locator.contract import METADATA_FILE, NO_THINKING, LocatorMetadata, input_settings, schema_for
 from tider.train.examples import PromptBuilder, corpus_texts, grpo_records, sft_records, split_queries
 from tider.types import Dataset
 
@@ -187,9 +187,11 @@ def training_metadata(script_args, dataset: Dataset, store, *, train_query_keys=
     """What shapes the locator's input in this run (``tider.locator.contract``): the prompt
     settings, and the store's timeline settings and embedding model. Written next to the
     checkpoint; read by the ``locator`` source, export and serving."""
+    settings = script_args.prompt_settings().to_json()
     return LocatorMetadata(
         granularity=dataset.granularity,
-        prompt_settings=script_args.prompt_settings().to_json(),
+        prompt_settings=settings,
+        output_schema=schema_for(settings),
         chat_template_kwargs=dict(chat_template_kwargs or NO_THINKING),
         training_data_hash=training_data_hash(dataset, train_query_keys),
         dataset_name=dataset.name,
