@@ -24,7 +24,10 @@ window is ``{"entry": k}`` (line k's span), ``{"cue": j}`` (cue j's range) or ex
 ``{"start", "end"}``; ``{"temporal": false, "windows": []}`` when no time constraint is
 needed. Pointing is far easier to learn than spelling dates (0.36 vs 0.02 exact for a
 from-scratch tiny model in the same minutes, same note) and cannot write a window that
-spans the year by accident. ``tider.locator.parse`` resolves references with the table.
+spans the year by accident. With ``PromptSettings.marks`` a window may also be
+``{"mark": "A+1"}``: the line carrying that anchor/recent mark, the same answer in every
+prompt where ``{"entry": k}`` is whichever number that line has there.
+``tider.locator.parse`` resolves references with the table.
 
 ``tider.locator.contract`` holds the version and the output schema; a locator-v1
 checkpoint (dates only, K similarity-ranked lines) is refused there with a message naming
