@@ -107,6 +107,19 @@ def local_predictions(exported_locator, synthetic_slice):
     return _predict(source, queries, store)
 
 
+def test_check_request_sends_one_prompt_with_the_exports_settings(server, exported_locator):
+    """`tider serve --check-request`'s request: a real locator prompt (cue, timeline lines)
+    answered by the served model and parsed, or a typed failure, never an exception."""
+    from tider.commands import serve
+    from tider.locator.contract import LocatorMetadata
+    from tider.locator.parse import ParseFailure
+
+    out = serve.check_request(server.base_url, server.model_name, LocatorMetadata.read(exported_locator), server.api_key)
+    assert out["raw"].strip()
+    assert (out["failure"] is None) == (out["prediction"] is not None)
+    assert out["failure"] in (None, *(f.value for f in ParseFailure))
+
+
 def test_served_greedy_equals_local_greedy(server, synthetic_slice, local_predictions):
     from tider.locator.trained import make_served_locator
 

@@ -98,23 +98,32 @@ def make_server(args):
 
 
 def check_request(base_url: str, model: str, meta, api_key: str | None) -> dict:
-    """One real locator request through the served model (prompted with the export's
-    ``tider_locator.json`` settings): prompt, schema, parse."""
+    """One real locator request through the served model, prompted as the export's
+    ``tider_locator.json`` says (prompt settings, granularity, chat-template kwargs): a
+    question with a resolved cue and timeline lines from a three-message memory, the
+    prompt's own schema, the parse."""
     from datetime import datetime
 
     from tider.locator.chat_source import endpoint_client, predict_batch
     from tider.locator.contract import NO_THINKING
-    from tider.retrieval.timeline import TimelineEntry
-    from tider.types import Query
+    from tider.locator.prompt import PromptSettings, locator_input
+    from tider.locator.rules import query_cues, shared_resolver
+    from tider.memory.collection import MemoryCollection
+    from tider.types import Memory, Message, Query
 
-    query = Query(key="serve-check", memory_key="m", text="When did Alice go to the book club?",
-                  asked_at=datetime(2023, 6, 1), user="Bob")
-    entries = [TimelineEntry(datetime(2023, 5, 7), datetime(2023, 5, 8), (0, 1), "Alice went to a book club."),
-               TimelineEntry(datetime(2023, 3, 2), datetime(2023, 3, 2), (2,), "Bob repainted the office.")]
+    memory = Memory("serve-check", [
+        Message(0, "c0", "Bob repainted the office.", datetime(2023, 3, 2, 9), "bob", "s1"),
+        Message(1, "c1", "Alice went to a book club.", datetime(2023, 5, 7, 18), "alice", "s2"),
+        Message(2, "c2", "The book club picked a novel.", datetime(2023, 5, 8, 10), "alice", "s2")])
+    query = Query("serve-check", memory.key, "When did Alice go to the book club last month?",
+                  asked_at=datetime(2023, 6, 1), user="bob")
     granularity = meta.granularity or "day"
+    settings = PromptSettings.from_json(meta.prompt_settings) if meta.prompt_settings else PromptSettings()
+    timeline = MemoryCollection({memory.key: memory}).timeline(memory.key).visible(query.asked_at)
+    table = locator_input(query, memory, timeline, query_cues(shared_resolver(), query, memory), granularity, settings)
     template_kwargs = NO_THINKING if meta.chat_template_kwargs is None else meta.chat_template_kwargs
     client = endpoint_client(base_url, model=model, api_key=api_key, chat_template_kwargs=template_kwargs)
-    [outcome] = predict_batch(client, [(query, entries)], granularity)
+    [outcome] = predict_batch(client, [table], granularity, memory_spans=[memory.span])
     return {"raw": outcome.text, "prediction": outcome.prediction_json(granularity), "failure": outcome.failure}
 
 
