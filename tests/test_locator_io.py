@@ -76,6 +76,14 @@ def test_prompt_switches_for_the_ablation():
     assert all("offsite" in l for l in lines)  # v1: only the most similar lines, any date
 
 
+def test_prompt_can_repeat_the_question_after_the_timeline():
+    plain, again = _input(), _input(PromptSettings(repeat_question=True))
+    question = "Question: Which venue did we pick at the offsite last week?"
+    assert not plain.messages[-1]["content"].endswith(question)
+    assert again.messages[-1]["content"] == plain.messages[-1]["content"] + "\n" + question
+    assert again.lines == plain.lines  # same table: the repeat is not a line
+
+
 def test_prompt_refuses_a_query_with_gold():
     import numpy as np
 

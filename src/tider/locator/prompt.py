@@ -78,6 +78,9 @@ class PromptSettings:
     # the reorg" is then the same token in every prompt, not the number of whichever line
     # carries A+1 (README, learning benchmark). Off in locator-v2 checkpoints made before it.
     marks: bool = False
+    # Repeat the question after the timeline, next to the answer: a word the answer hinges
+    # on ("before" / "after") is then a few tokens back instead of the whole timeline.
+    repeat_question: bool = False
 
     def __post_init__(self) -> None:
         if self.select not in ("structured", "similarity"):
@@ -153,10 +156,11 @@ def entry_line(k: Optional[int], entry, marks: Sequence[str], message, granulari
     return f"{_span(entry.start, entry.end, granularity)}{mark} | {message.speaker}: {text}{tag}"
 
 
-def _render(query: Query, cue_lines: list[str], lines: list[str], granularity: Granularity) -> str:
+def _render(query: Query, cue_lines: list[str], lines: list[str], granularity: Granularity, repeat: bool = False) -> str:
     cues = "\n".join(cue_lines) if cue_lines else "(none)"
     timeline = "\n".join(lines) if lines else "(no timeline entries)"
-    return f"{question_block(query, granularity)}\nCues:\n{cues}\nTimeline:\n{timeline}"
+    again = f"\nQuestion: {query.text}" if repeat else ""
+    return f"{question_block(query, granularity)}\nCues:\n{cues}\nTimeline:\n{timeline}{again}"
 
 
 def _count_tokens(tokenizer, messages: list[dict]) -> int:
@@ -199,7 +203,7 @@ def locator_input(query_public: Query, memory, timeline, cues: Sequence, granula
         shown = sorted(priority[:n])
         text = [entry_line(k if settings.pointers else None, timeline.span(i), marks.get(i, ()), memory[int(best[i])], granularity)
                 for k, i in enumerate(shown, start=1)]
-        messages = head + [{"role": "user", "content": _render(query_public, cue_text, text, granularity)}]
+        messages = head + [{"role": "user", "content": _render(query_public, cue_text, text, granularity, settings.repeat_question)}]
         lines = tuple(timeline.span(i) for i in shown) if settings.pointers else ()
         refs = tuple((m, k) for k, i in enumerate(shown, start=1) for m in marks.get(i, ())
                      if POINTER_MARK.fullmatch(m)) if settings.pointers and settings.marks else ()

@@ -33,6 +33,7 @@ class LocatorScriptArguments:
     prompt_select: str = field(default="structured", metadata={"help": "Line selection: structured (v2) or similarity (v1)."})
     prompt_show_cues: bool = field(default=True, metadata={"help": "Resolved time cues in the prompt (v2)."})
     prompt_pointers: bool = field(default=True, metadata={"help": "Tagged lines, answers by reference (v2); false: spelled dates."})
+    prompt_repeat_question: bool = field(default=False, metadata={"help": "Repeat the question after the timeline lines."})
     prompt_marks: bool = field(default=False, metadata={"help": "Also answer by a line's anchor/recent mark ({\"mark\": \"A+1\"})."})
     max_prompt_tokens: int = field(default=2048, metadata={"help": "Prompt token budget; the least-needed timeline lines are dropped to fit."})
     max_train_samples: Optional[int] = field(default=None, metadata={"help": "Cap on training prompts (after DAR for GRPO)."})
@@ -59,7 +60,7 @@ class LocatorScriptArguments:
         return PromptSettings(lines=LineConfig(max_lines=self.prompt_lines), max_prompt_tokens=self.max_prompt_tokens,
                               system_prompt=self.prompt_system_message, select=self.prompt_select,
                               show_cues=self.prompt_show_cues, pointers=self.prompt_pointers,
-                              marks=self.prompt_marks)
+                              marks=self.prompt_marks, repeat_question=self.prompt_repeat_question)
 
 
 @dataclass
