@@ -51,6 +51,7 @@ DESIGNS = {
     "v2": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=True),
     # Not yet the default: answers may name a line's anchor/recent mark ({"mark": "A+1"}).
     "+marks": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=True, marks=True),
+    "+repeat": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=True, marks=True, repeat=True),
 }
 
 
@@ -70,7 +71,8 @@ def hardware() -> str:
 
 def design_overrides(design: dict) -> list[str]:
     return ["--prompt_select", design["select"], "--prompt_show_cues", str(design["cues"]).lower(),
-            "--prompt_pointers", str(design["pointers"]).lower(), "--prompt_marks", str(design.get("marks", False)).lower()]
+            "--prompt_pointers", str(design["pointers"]).lower(), "--prompt_marks", str(design.get("marks", False)).lower(),
+            "--prompt_repeat_question", str(design.get("repeat", False)).lower()]
 
 
 def data_overrides(args, design: dict) -> list[str]:
@@ -160,6 +162,9 @@ def parse_args(argv):
     ap.add_argument("--out", default="runs/bench_learning")
     ap.add_argument("--design", default="v2", choices=sorted(DESIGNS))
     ap.add_argument("--sft-steps", type=int, default=1200)
+    ap.add_argument("--answer-steps", type=int, default=0,
+                    help="then this many SFT steps with the loss on the answer only, from the SFT checkpoint (0: none)")
+    ap.add_argument("--answer-lr", type=float, default=3e-4, help="learning rate of that answer-only phase")
     ap.add_argument("--grpo-steps", type=int, default=100)
     ap.add_argument("--grpo-batch", type=int, default=32, help="completions per step (num_generations=8 each prompt)")
     ap.add_argument("--train-conversations", type=int, default=16, help="fresh train-only conversations (design v2)")
@@ -209,6 +214,18 @@ def main(argv=None) -> int:
     t0 = time.time()
     if not (sft_dir / "tider_locator.json").exists():
         run_sft(s_args, s_train, s_model, dataset=dataset, store=store)
+    if args.answer_steps:
+        # A second SFT phase with the loss on the answer only: the prompt's tokens far
+        # outnumber the answer's, and the answer's dependence on a question word is what
+        # the first phase left unlearned (README, "Mark answers at the full budget").
+        a_dir = out / "sft-answer"
+        a_args, a_train, a_model = recipe_args("sft/tiny-pretrain", [
+            "--model_name_or_path", str(sft_dir), "--output_dir", str(a_dir), "--max_steps", str(args.answer_steps),
+            "--dataset_seed", "0", "--logging_steps", "20", *data, "--completion_only_loss", "true",
+            "--learning_rate", str(args.answer_lr)])
+        if not (a_dir / "tider_locator.json").exists():
+            run_sft(a_args, a_train, a_model, dataset=dataset, store=store)
+        sft_dir = a_dir
     timings["sft_s"] = time.time() - t0
 
     rewards = ([] if design["rewards"] == "v2" else
@@ -266,7 +283,7 @@ def main(argv=None) -> int:
         "design": {"name": args.design, **design},
         "dataset": {"split_sizes": {k: len(v) for k, v in splits.items()}, "test_used": len(test),
                     "train_only_conversations": args.train_conversations if design["fresh"] else 0},
-        "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps, "reward_funcs": names, "reward_weights": weights,
+        "sft_steps": args.sft_steps, "answer_steps": args.answer_steps, "grpo_steps": args.grpo_steps, "reward_funcs": names, "reward_weights": weights,
         "composite": {k: float(np.mean([r["composite"] for r in v])) for k, v in rows.items()},
         "rewards_by_stage": {k: {n: float(np.mean([r[f"r/{n}"] for r in v])) for n in names} for k, v in rows.items()},
         "bootstrap_grpo_minus_sft": paired_bootstrap_ci(diffs) if diffs else None,

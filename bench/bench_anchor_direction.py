@@ -1,0 +1,120 @@
+"""Does the locator answer an anchored question on the side the question asks for?
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_anchor_direction.py \
+        runs/marks/bench_learning:sft,grpo runs/mB:grpo --samples runs/marks/bench_learning/grpo \
+        --out runs/anchor_direction.json
+
+"The first offsite after the reorg" is the line marked ``A+1``; "the last review before
+the reorg" is ``A-1`` (``tider.locator.lines``). On the learning benchmark's test split
+(the ``+marks`` design's data and split, which every design shares), this counts which mark
+each run's greedy answer names first, by the question's direction. Direction is read off
+the synthetic templates' words (``preced``/``before`` vs ``after``/``following``/``next``):
+an analysis of this benchmark, not a rule any source uses.
+
+1. ``RUN:STAGES``: ``RUN/completions.json`` (what ``bench_learning.py`` writes: the greedy
+   test completions per stage); an ``{"entry": k}`` answer is mapped to the mark line k
+   carries in its prompt.
+2. ``--samples GRPO_DIR``: the GRPO training samples (``GRPO_DIR/completions/*.parquet``),
+   per quarter of the run: the share of each first mark by direction.
+3. The SFT targets of the test split's anchored questions, by direction (they are
+   consistent: "after" is ``A+1``, "before" ``A-1``, but for "the first two ..." and dates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_learning as bl  # noqa: E402  (the benchmark's data, split and recipes)
+
+
+def direction(question: str) -> str:
+    if re.search(r"preced|before", question):
+        return "before"
+    return "after" if re.search(r"after|following|next", question) else "other"
+
+
+def first_mark(answer: str, prompt: str) -> str:
+    """The mark the answer's first window names: its own ``{"mark"}``, or the mark on the
+    line an ``{"entry": k}`` points at ("L" for an unmarked line)."""
+    try:
+        window = json.loads(answer)["windows"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return "unparsed"
+    if not isinstance(window, dict):
+        return "unparsed"
+    if "mark" in window:
+        return str(window["mark"])
+    if "entry" in window:
+        line = re.search(r"^([^\n]*)\| L%d$" % window["entry"], prompt, re.M)
+        mark = re.search(r" (A[-+]?\d*) ", line.group(1)) if line else None
+        return mark.group(1) if mark else "L"
+    return "dates" if "start" in window else "cue"
+
+
+def greedy_counts(run: Path, stages, test, prompts) -> dict:
+    texts = json.loads((run / "completions.json").read_text())
+    out = {}
+    for stage in stages:
+        counts = Counter((direction(q.text), first_mark(t, p))
+                         for q, t, p in zip(test, texts[stage], prompts) if q.category == "anchored")
+        out[stage] = {f"{d} -> {m}": n for (d, m), n in sorted(counts.items())}
+    return out
+
+
+def sample_shares(grpo_dir: Path) -> dict:
+    import pandas as pd
+
+    d = pd.concat([pd.read_parquet(f) for f in sorted((grpo_dir / "completions").glob("*.parquet"))])
+    prompts = d.prompt.map(lambda p: p[-1]["content"])
+    d = d.assign(dir=prompts.map(lambda p: direction(p.split("\n")[0])), text=prompts,
+                 mark=[first_mark(c[0]["content"], p) for c, p in zip(d.completion, prompts)])
+    d = d[prompts.str.contains(" A |") & (d.dir != "other")]
+    d = d.assign(quarter=(d.step - 1) * 4 // int(d.step.max()))
+    out = defaultdict(dict)
+    for (dr, quarter), g in d.groupby(["dir", "quarter"]):
+        out[dr][f"q{quarter + 1}"] = g.mark.value_counts(normalize=True).round(2).to_dict()
+    return dict(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="*", help="RUN:STAGE[,STAGE] with RUN/completions.json")
+    ap.add_argument("--samples", nargs="*", default=[], help="GRPO output dirs with completions/*.parquet")
+    ap.add_argument("--out", default="runs/anchor_direction.json")
+    args = ap.parse_args(argv)
+    data = bl.data_overrides(bl.parse_args([]), bl.DESIGNS["+marks"])
+    s_args, _, _ = bl.recipe_args("sft/tiny-pretrain", ["--model_name_or_path", "unused", "--output_dir", "unused", *data])
+    from tider.memory.collection import MemoryCollection
+    from tider.train.examples import PromptBuilder, gold_answer
+    from tider.train.locator_data import load_training_dataset, prepare
+
+    dataset = load_training_dataset(s_args)
+    store = MemoryCollection(dataset.memories)
+    _, _, _, _, splits = prepare(s_args, "unused", stage="eval", dataset=dataset, store=store)
+    test = splits["test"]
+    # The +marks prompts; v2's list the same lines with the same marks and L tags.
+    builder = PromptBuilder(dataset, store, settings=s_args.prompt_settings())
+    tables = {i: builder.build(q) for i, q in enumerate(test) if q.category == "anchored"}
+    prompts = [tables[i].messages[-1]["content"] if i in tables else "" for i in range(len(test))]
+    result = {"targets": {f"{d} -> {m}": n for (d, m), n in sorted(Counter(
+        (direction(test[i].text), first_mark(json.dumps(gold_answer(test[i], t, dataset.granularity)), ""))
+        for i, t in tables.items()).items())}}
+    for spec in args.runs:
+        run, _, stages = spec.partition(":")
+        result[run] = greedy_counts(Path(run), stages.split(","), test, prompts)
+    for grpo in args.samples:
+        result[f"{grpo} samples"] = sample_shares(Path(grpo))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
