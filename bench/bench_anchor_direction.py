@@ -57,12 +57,26 @@ def first_mark(answer: str, prompt: str) -> str:
     return "dates" if "start" in window else "cue"
 
 
-def greedy_counts(run: Path, stages, test, prompts) -> dict:
+def stage_dir(run: Path, stage: str) -> Path:
+    """The checkpoint behind a stage label of ``bench_learning.py`` (``--answer-steps`` puts
+    the SFT start in ``sft-answer``)."""
+    return run / "sft-answer" if stage == "sft" and (run / "sft-answer").exists() else run / stage
+
+
+def greedy_counts(run: Path, stages, test, dataset, store) -> dict:
+    """First marks of the greedy test answers, against the prompts that checkpoint saw."""
+    from tider.locator.sources import make_source
+
     texts = json.loads((run / "completions.json").read_text())
+    picked = [i for i, q in enumerate(test) if q.category == "anchored"]
+    queries = [test[i] for i in picked]
     out = {}
     for stage in stages:
-        counts = Counter((direction(q.text), first_mark(t, p))
-                         for q, t, p in zip(test, texts[stage], prompts) if q.category == "anchored")
+        source = make_source("locator", model=str(stage_dir(run, stage)))
+        tables = source.inputs(queries, [dataset.memories[q.memory_key] for q in queries],
+                               [store.timeline(q.memory_key) for q in queries], dataset.granularity)
+        counts = Counter((direction(q.text), first_mark(texts[stage][i], t.messages[-1]["content"]))
+                         for i, q, t in zip(picked, queries, tables))
         out[stage] = {f"{d} -> {m}": n for (d, m), n in sorted(counts.items())}
     return out
 
@@ -89,25 +103,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/anchor_direction.json")
     args = ap.parse_args(argv)
     data = bl.data_overrides(bl.parse_args([]), bl.DESIGNS["+marks"])
-    s_args, _, _ = bl.recipe_args("sft/tiny-pretrain", ["--model_name_or_path", "unused", "--output_dir", "unused", *data])
+    start = str(stage_dir(Path(args.runs[0].partition(":")[0]), "sft")) if args.runs else None
+    g_args, _, _ = bl.recipe_args("grpo/tiny-cpu", ["--model_name_or_path", start or "unused", "--output_dir", "unused", *data])
     from tider.memory.collection import MemoryCollection
     from tider.train.examples import PromptBuilder, gold_answer
     from tider.train.locator_data import load_training_dataset, prepare
 
-    dataset = load_training_dataset(s_args)
+    dataset = load_training_dataset(g_args)
     store = MemoryCollection(dataset.memories)
-    _, _, _, _, splits = prepare(s_args, "unused", stage="eval", dataset=dataset, store=store)
+    _, _, _, _, splits = prepare(g_args, start, stage="eval", dataset=dataset, store=store)  # bench_learning's split
     test = splits["test"]
-    # The +marks prompts; v2's list the same lines with the same marks and L tags.
-    builder = PromptBuilder(dataset, store, settings=s_args.prompt_settings())
-    tables = {i: builder.build(q) for i, q in enumerate(test) if q.category == "anchored"}
-    prompts = [tables[i].messages[-1]["content"] if i in tables else "" for i in range(len(test))]
+    builder = PromptBuilder(dataset, store, settings=g_args.prompt_settings())  # +marks tables: targets as marks
     result = {"targets": {f"{d} -> {m}": n for (d, m), n in sorted(Counter(
-        (direction(test[i].text), first_mark(json.dumps(gold_answer(test[i], t, dataset.granularity)), ""))
-        for i, t in tables.items()).items())}}
+        (direction(q.text), first_mark(json.dumps(gold_answer(q, builder.build(q), dataset.granularity)), ""))
+        for q in test if q.category == "anchored").items())}}
     for spec in args.runs:
         run, _, stages = spec.partition(":")
-        result[run] = greedy_counts(Path(run), stages.split(","), test, prompts)
+        result[run] = greedy_counts(Path(run), stages.split(","), test, dataset, store)
     for grpo in args.samples:
         result[f"{grpo} samples"] = sample_shares(Path(grpo))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
