@@ -72,6 +72,7 @@ def schema_for(prompt_settings: Optional[dict]) -> dict[str, Any]:
     (``PromptSettings.to_json()``; ``None``: the defaults)."""
     return MARKS_OUTPUT_SCHEMA if (prompt_settings or {}).get("marks") else OUTPUT_SCHEMA
 
+
 METADATA_FILE = "tider_locator.json"
 METADATA_FORMAT = 2  # 2: + timeline settings, embedding model and template
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")

@@ -78,8 +78,9 @@ class PromptSettings:
     # the reorg" is then the same token in every prompt, not the number of whichever line
     # carries A+1 (README, learning benchmark). Off in locator-v2 checkpoints made before it.
     marks: bool = False
-    # Repeat the question after the timeline, next to the answer: a word the answer hinges
-    # on ("before" / "after") is then a few tokens back instead of the whole timeline.
+    # Repeat the question after the timeline, next to the answer, so that a word the answer
+    # hinges on ("before" / "after") is a few tokens back. Measured: it did not make the
+    # answer follow that word (README ablation); an answer-only SFT phase did.
     repeat_question: bool = False
 
     def __post_init__(self) -> None:
