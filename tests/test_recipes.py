@@ -225,6 +225,7 @@ def test_shipped_starting_point_is_what_the_pretrain_recipe_trains_on():
     """models/tiny-locator-v2 records the hash of its training queries; the recipe's data as
     written (training-only seeds, checked disjoint from evaluations above) gives the same hash."""
     from tider.locator.contract import LocatorMetadata
+    from tider.locator.prompt import PromptSettings
     from tider.train.config import parse_recipe
     from tider.train.examples import split_queries
     from tider.train.locator_data import load_training_dataset, training_data_hash
@@ -235,4 +236,5 @@ def test_shipped_starting_point_is_what_the_pretrain_recipe_trains_on():
     train = split_queries(dataset, seed=script_args.split_seed)["train"]
     meta = LocatorMetadata.read(shipped)
     assert meta.training_data_hash == training_data_hash(dataset, [q.key for q in train])
-    assert meta.prompt_settings == script_args.prompt_settings().to_json()
+    # Read back as a checkpoint is (switches added since it was made take their defaults, off).
+    assert PromptSettings.from_json(meta.prompt_settings) == script_args.prompt_settings()
