@@ -102,16 +102,10 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", nargs="*", default=[], help="GRPO output dirs with completions/*.parquet")
     ap.add_argument("--out", default="runs/anchor_direction.json")
     args = ap.parse_args(argv)
-    data = bl.data_overrides(bl.parse_args([]), bl.DESIGNS["+marks"])
-    start = str(stage_dir(Path(args.runs[0].partition(":")[0]), "sft")) if args.runs else None
-    g_args, _, _ = bl.recipe_args("grpo/tiny-cpu", ["--model_name_or_path", start or "unused", "--output_dir", "unused", *data])
-    from tider.memory.collection import MemoryCollection
     from tider.train.examples import PromptBuilder, gold_answer
-    from tider.train.locator_data import load_training_dataset, prepare
 
-    dataset = load_training_dataset(g_args)
-    store = MemoryCollection(dataset.memories)
-    _, _, _, _, splits = prepare(g_args, start, stage="eval", dataset=dataset, store=store)  # bench_learning's split
+    start = stage_dir(Path(args.runs[0].partition(":")[0]), "sft") if args.runs else "unused"
+    g_args, _, dataset, store, splits = bl.benchmark_split(start, "+marks")  # bench_learning's split
     test = splits["test"]
     builder = PromptBuilder(dataset, store, settings=g_args.prompt_settings())  # +marks tables: targets as marks
     result = {"targets": {f"{d} -> {m}": n for (d, m), n in sorted(Counter(

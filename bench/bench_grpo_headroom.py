@@ -64,14 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--headroom-prompts", type=int, default=96, help="0 = skip the headroom part")
     args = ap.parse_args(argv)
-    data = bl.data_overrides(bl.parse_args([]), bl.DESIGNS["v2"])  # the benchmark's defaults
-    g_args, g_train, _ = bl.recipe_args("grpo/tiny-cpu", ["--model_name_or_path", args.checkpoints[0], "--output_dir", "unused", *data])
-    from tider.memory.collection import MemoryCollection
-    from tider.train.locator_data import load_training_dataset, prepare
-
-    dataset = load_training_dataset(g_args)
-    store = MemoryCollection(dataset.memories)
-    _, _, _, _, splits = prepare(g_args, args.checkpoints[0], stage="eval", dataset=dataset, store=store)
+    g_args, g_train, dataset, store, splits = bl.benchmark_split(args.checkpoints[0])  # the benchmark's defaults
     val, names, weights = splits["validation"], g_args.reward_funcs, g_train.reward_weights
     rows = {c: bl.held_out_rewards(Path(c), val, dataset, store, names, weights)[0] for c in args.checkpoints}
     start = [r["composite"] for r in rows[args.checkpoints[0]]]

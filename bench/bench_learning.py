@@ -89,6 +89,20 @@ def recipe_args(recipe: str, overrides: list[str]):
     return parse_recipe(recipe.split("/")[0], ["--config", str(ROOT / f"configs/{recipe}.yaml"), *overrides])
 
 
+def benchmark_split(checkpoint, design: str = "v2"):
+    """The benchmark's data as the GRPO recipe sees it, for scripts that score checkpoints
+    on it: ``(grpo_args, grpo_training_args, dataset, store, splits)``."""
+    from tider.memory.collection import MemoryCollection
+    from tider.train.locator_data import load_training_dataset, prepare
+
+    data = data_overrides(parse_args([]), DESIGNS[design])
+    g_args, g_train, _ = recipe_args("grpo/tiny-cpu", ["--model_name_or_path", str(checkpoint), "--output_dir", "unused", *data])
+    dataset = load_training_dataset(g_args)
+    store = MemoryCollection(dataset.memories)
+    _, _, _, _, splits = prepare(g_args, str(checkpoint), stage="eval", dataset=dataset, store=store)
+    return g_args, g_train, dataset, store, splits
+
+
 def reward_columns(queries, tables, dataset) -> dict:
     """The columns TRL passes the rewards for these prompts (``tider.train.examples``)."""
     from tider.train.examples import as_columns, reward_columns as columns_of
