@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,17 +111,30 @@ def local_predictions(exported_locator, synthetic_slice):
     return _predict(source, queries, store)
 
 
-def test_check_request_sends_one_prompt_with_the_exports_settings(server, exported_locator):
-    """`tider serve --check-request`'s request: a real locator prompt (cue, timeline lines)
-    answered by the served model and parsed, or a typed failure, never an exception."""
-    from tider.commands import serve
-    from tider.locator.contract import LocatorMetadata
+def test_serve_check_request_as_a_user_runs_it(exported_locator, tmp_path):
+    """`tider serve --model EXPORT --check-request` through the CLI, in its own process: it
+    checks the export, starts vLLM, sends one real locator prompt (cue, timeline lines) with
+    the prompt's schema, prints the raw answer and its parse (or a typed failure, never an
+    exception), stops the server and exits 0."""
+    from tider.llm.vllm_server import free_port
     from tider.locator.parse import ParseFailure
 
-    out = serve.check_request(server.base_url, server.model_name, LocatorMetadata.read(exported_locator), server.api_key)
+    port = free_port()
+    log = tmp_path / "server.log"
+    run = subprocess.run([sys.executable, "-m", "tider.cli", "serve", "--model", str(exported_locator), "--port", str(port),
+                          "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", "--log", str(log),
+                          "--check-request"],
+                         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    served, _, printed = run.stdout.partition("\n")
+    assert served.startswith(f"serving {exported_locator}") and f":{port}" in served
+    out = json.loads(printed)
     assert out["raw"].strip()
     assert (out["failure"] is None) == (out["prediction"] is not None)
     assert out["failure"] in (None, *(f.value for f in ParseFailure))
+    assert "POST /v1/chat/completions" in log.read_text(errors="replace")  # it went through the server
+    with pytest.raises(OSError):  # and the server is gone
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
 def test_served_greedy_equals_local_greedy(server, synthetic_slice, local_predictions):
