@@ -7,7 +7,9 @@ Stages (each skipped when its output exists, so an interrupted run resumes):
 1. data: the embedded synthetic benchmark (seed 0, 16 conversations x 1,400 messages,
    split by conversation: train / validation / test) plus ``--train-conversations`` fresh
    conversations from a training-only seed (>= 1000) that only ever join the train split;
-2. SFT (configs/sft/tiny-pretrain.yaml on this data, ``--sft-steps``) of a from-scratch tiny Qwen3;
+2. SFT (configs/sft/tiny-pretrain.yaml on this data, ``--sft-steps``) of a from-scratch tiny Qwen3,
+   then its answer-only phase (configs/sft/tiny-pretrain-answer.yaml, ``--answer-steps``), as
+   the shipped start is made;
 3. GRPO (configs/grpo/tiny-cpu.yaml, ``--grpo-steps``) from the SFT checkpoint; with
    ``--filter-samples N`` only on the train prompts whose N samples from the SFT model
    differ in reward (``tider.train.prompt_filter``);
@@ -21,7 +23,8 @@ Stages (each skipped when its output exists, so an interrupted run resumes):
    ``--check-seed``, a seed no development run used (every conversation unseen).
 
 ``--design`` switches the locator-v2 elements off for the ablation table (README):
-``v1`` = similarity-ranked lines, no cues, spelled dates, v1 rewards, benchmark data only.
+``v1`` = similarity-ranked lines, no cues, spelled dates, v1 rewards, benchmark data only;
+``v2`` = all of them but mark answers; the default ``+marks`` is the shipped recipes' design.
 ``--sft-only`` (with fewer ``--sft-steps``) gives the reduced-budget ablation rows.
 Nothing is tuned on the test split or the check seed: hyperparameters are the recipes'.
 """
@@ -49,7 +52,7 @@ DESIGNS = {
     "+pointers": dict(select="structured", cues=True, pointers=True, rewards="v1", fresh=False),
     "+rewards": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=False),
     "v2": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=True),
-    # Not yet the default: answers may name a line's anchor/recent mark ({"mark": "A+1"}).
+    # The default (the shipped recipes): answers may name a line's anchor/recent mark ({"mark": "A+1"}).
     "+marks": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=True, marks=True),
     "+repeat": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=True, marks=True, repeat=True),
 }
@@ -89,7 +92,7 @@ def recipe_args(recipe: str, overrides: list[str]):
     return parse_recipe(recipe.split("/")[0], ["--config", str(ROOT / f"configs/{recipe}.yaml"), *overrides])
 
 
-def benchmark_split(checkpoint, design: str = "v2"):
+def benchmark_split(checkpoint, design: str = "+marks"):
     """The benchmark's data as the GRPO recipe sees it, for scripts that score checkpoints
     on it: ``(grpo_args, grpo_training_args, dataset, store, splits)``."""
     from tider.memory.collection import MemoryCollection
@@ -174,11 +177,11 @@ def compare(dataset, model_dir: Path, memory_keys, out: Path, baselines=BASELINE
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/bench_learning")
-    ap.add_argument("--design", default="v2", choices=sorted(DESIGNS))
+    ap.add_argument("--design", default="+marks", choices=sorted(DESIGNS))
     ap.add_argument("--sft-steps", type=int, default=1200)
-    ap.add_argument("--answer-steps", type=int, default=0,
-                    help="then this many SFT steps with the loss on the answer only, from the SFT checkpoint (0: none)")
-    ap.add_argument("--answer-lr", type=float, default=3e-4, help="learning rate of that answer-only phase")
+    ap.add_argument("--answer-steps", type=int, default=300,
+                    help="then configs/sft/tiny-pretrain-answer.yaml (loss on the answer only) for this many steps "
+                         "from the SFT checkpoint (0: none)")
     ap.add_argument("--grpo-steps", type=int, default=100)
     ap.add_argument("--grpo-batch", type=int, default=32, help="completions per step (num_generations=8 each prompt)")
     ap.add_argument("--train-conversations", type=int, default=16, help="fresh train-only conversations (design v2)")
@@ -229,14 +232,11 @@ def main(argv=None) -> int:
     if not (sft_dir / "tider_locator.json").exists():
         run_sft(s_args, s_train, s_model, dataset=dataset, store=store)
     if args.answer_steps:
-        # A second SFT phase with the loss on the answer only: the prompt's tokens far
-        # outnumber the answer's, and the answer's dependence on a question word is what
-        # the first phase left unlearned (README, "Mark answers at the full budget").
+        # The shipped start's second phase, loss on the answer only (the recipe says why).
         a_dir = out / "sft-answer"
-        a_args, a_train, a_model = recipe_args("sft/tiny-pretrain", [
+        a_args, a_train, a_model = recipe_args("sft/tiny-pretrain-answer", [
             "--model_name_or_path", str(sft_dir), "--output_dir", str(a_dir), "--max_steps", str(args.answer_steps),
-            "--dataset_seed", "0", "--logging_steps", "20", *data, "--completion_only_loss", "true",
-            "--learning_rate", str(args.answer_lr)])
+            "--dataset_seed", "0", *data])
         if not (a_dir / "tider_locator.json").exists():
             run_sft(a_args, a_train, a_model, dataset=dataset, store=store)
         sft_dir = a_dir

@@ -53,7 +53,8 @@ def steps(output_dir: Path) -> list[int]:
 
 
 def test_every_recipe_has_a_test():
-    tested = {"configs/sft/tiny-cpu.yaml", "configs/sft/tiny-pretrain.yaml", "configs/grpo/tiny-cpu.yaml",
+    tested = {"configs/sft/tiny-cpu.yaml", "configs/sft/tiny-pretrain.yaml", "configs/sft/tiny-pretrain-answer.yaml",
+              "configs/grpo/tiny-cpu.yaml",
               "configs/sft/qwen3-1.7b.yaml",
               "configs/grpo/qwen3-1.7b.yaml", "configs/grpo/qwen3-1.7b-multinode.yaml"}
     assert set(RECIPES) == tested, "a new recipe needs a test in this file"
@@ -100,11 +101,34 @@ def test_sft_tiny_pretrain(tiny_pretrain, work):
 
 
 @pytest.fixture(scope="module")
-def tiny_sft(tiny_pretrain, work, data_dir):
+def tiny_pretrain_answer(tiny_pretrain, work):
+    """configs/sft/tiny-pretrain-answer.yaml (the start's answer-only phase) from the above,
+    with the same test-size data, 2 steps."""
+    out = work / "tiny-pretrain-answer"
+    tider("sft", "configs/sft/tiny-pretrain-answer.yaml", "--model_name_or_path", str(tiny_pretrain),
+          "--output_dir", str(out), "--max_steps", "2", "--synthetic_messages", "600",
+          "--synthetic_conversations", "3", "--synthetic_train_conversations", "1", *COMMON)
+    return out
+
+
+def test_sft_tiny_pretrain_answer(tiny_pretrain_answer, tiny_pretrain):
+    from tider.locator.contract import LocatorMetadata
+
+    assert steps(tiny_pretrain_answer) == [1, 2]
+    recipe = yaml.safe_load((ROOT / "configs/sft/tiny-pretrain-answer.yaml").read_text())
+    assert recipe["completion_only_loss"] is True and recipe["model_name_or_path"] == "runs/tiny-pretrain/sft"
+    first, second = LocatorMetadata.read(tiny_pretrain), LocatorMetadata.read(tiny_pretrain_answer)
+    # the same data and prompt as the first phase: one start, two phases
+    assert second.training_data_hash == first.training_data_hash and second.prompt_settings == first.prompt_settings
+    assert second.prompt_settings["marks"] is True
+
+
+@pytest.fixture(scope="module")
+def tiny_sft(tiny_pretrain_answer, work, data_dir):
     """configs/sft/tiny-cpu.yaml, 2 steps, fine-tuning the pretrained start (the recipe names
     the shipped models/tiny-locator-v2; here the test-size one above)."""
     out = work / "tiny-sft"
-    tider("sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(tiny_pretrain), "--output_dir", str(out),
+    tider("sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(tiny_pretrain_answer), "--output_dir", str(out),
           "--max_steps", "2", "--save_strategy", "no", *data_args(data_dir), *COMMON)
     return out
 
@@ -222,19 +246,24 @@ def test_grpo_qwen3_multinode_server_mode(tiny_sft, work, data_dir, tmp_path, vl
 
 @pytest.mark.slow
 def test_shipped_starting_point_is_what_the_pretrain_recipe_trains_on():
-    """models/tiny-locator-v2 records the hash of its training queries; the recipe's data as
-    written (training-only seeds, checked disjoint from evaluations above) gives the same hash."""
+    """models/tiny-locator-v2 records the hash of its training queries; the recipes' data as
+    written (training-only seeds, checked disjoint from evaluations above) gives the same hash
+    in both phases (tiny-pretrain, then tiny-pretrain-answer)."""
     from tider.locator.contract import LocatorMetadata
     from tider.locator.prompt import PromptSettings
     from tider.train.config import parse_recipe
     from tider.train.examples import split_queries
     from tider.train.locator_data import load_training_dataset, training_data_hash
 
-    shipped = ROOT / "models/tiny-locator-v2"
-    script_args, _, _ = parse_recipe("sft", ["--config", str(ROOT / "configs/sft/tiny-pretrain.yaml")])
-    dataset = load_training_dataset(script_args)
-    train = split_queries(dataset, seed=script_args.split_seed)["train"]
-    meta = LocatorMetadata.read(shipped)
+    meta = LocatorMetadata.read(ROOT / "models/tiny-locator-v2")
+    first, second = (parse_recipe("sft", ["--config", str(ROOT / f"configs/sft/{r}.yaml")])[0]
+                     for r in ("tiny-pretrain", "tiny-pretrain-answer"))
+    data_fields = ("dataset_name", "dataset_path", "dataset_seed", "split_seed", "synthetic_messages",
+                   "synthetic_conversations", "synthetic_train_conversations", "synthetic_train_seed")
+    assert [getattr(first, f) for f in data_fields] == [getattr(second, f) for f in data_fields]
+    dataset = load_training_dataset(first)
+    train = split_queries(dataset, seed=first.split_seed)["train"]
     assert meta.training_data_hash == training_data_hash(dataset, [q.key for q in train])
     # Read back as a checkpoint is (switches added since it was made take their defaults, off).
-    assert PromptSettings.from_json(meta.prompt_settings) == script_args.prompt_settings()
+    for script_args in (first, second):
+        assert PromptSettings.from_json(meta.prompt_settings) == script_args.prompt_settings()
