@@ -1,12 +1,13 @@
 """What GRPO could find, and what it found, on the learning benchmark's VALIDATION split
 (model selection happens here; the test split is kept for the claim).
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_grpo_headroom.py runs/bench_learning/sft \
+    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_grpo_headroom.py runs/bench_learning/sft-answer \
         runs/bench_learning/grpo [more GRPO checkpoints] --out runs/grpo_headroom.json
 
 1. Greedy held-out composite of every checkpoint (the GRPO rewards with the recipe's
    weights, as ``bench_learning.py`` scores the test split), paired bootstrap of each
    against the first.
+   ``sft_targets``: the same composite of SFT's targets in the first's prompts (its ceiling).
 2. Headroom of the first (the SFT start): on ``--headroom-prompts`` validation prompts,
    ``--samples`` completions at the GRPO temperature. GRPO raises the *sampled* reward;
    serving is greedy, so what it can gain there is bounded by how often a sample beats
@@ -27,7 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_learning as bl  # noqa: E402  (same data, recipes and scoring as the benchmark)
 
 
-def headroom(model: str, queries, dataset, store, names, weights, samples: int, temperature: float) -> dict:
+def prompted(model: str, queries, dataset, store, names, weights):
+    """``model``'s locator source, its prompts for ``queries``, and ``score(texts, queries,
+    tables)``: the recipe's weighted composite of those completions."""
     from tider.locator.sources import make_source
     from tider.train.prompt_filter import weighted_rewards
     from tider.train.rewards import RewardContext, make_rewards
@@ -38,9 +41,13 @@ def headroom(model: str, queries, dataset, store, names, weights, samples: int, 
     fns = make_rewards(names, RewardContext(dataset=dataset, store=store, k=20))
 
     def score(texts, qs, ts):
-        columns = bl.reward_columns(qs, ts, dataset)
-        return weighted_rewards(fns, weights, texts, columns)
+        return weighted_rewards(fns, weights, texts, bl.reward_columns(qs, ts, dataset))
 
+    return source, tables, score
+
+
+def headroom(model: str, queries, dataset, store, names, weights, samples: int, temperature: float) -> dict:
+    source, tables, score = prompted(model, queries, dataset, store, names, weights)
     backend = source.client.backend
     greedy = score([c.text for c in backend.generate_batch([t.messages for t in tables], max_tokens=64, temperature=0.0)],
                    queries, tables)
@@ -57,6 +64,16 @@ def headroom(model: str, queries, dataset, store, names, weights, samples: int, 
             "by_category_greedy_mean_best": {k: np.mean(v, axis=0).round(3).tolist() for k, v in sorted(by.items())}}
 
 
+def target_composite(model: str, queries, dataset, store, names, weights) -> float:
+    """The composite of SFT's own targets (``tider.train.examples.gold_answer``) in
+    ``model``'s prompts: what imitating them perfectly would score, the ceiling SFT aims at."""
+    from tider.train.examples import gold_answer
+
+    _, tables, score = prompted(model, queries, dataset, store, names, weights)
+    texts = [json.dumps(gold_answer(q, t, dataset.granularity)) for q, t in zip(queries, tables)]
+    return float(score(texts, queries, tables).mean())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoints", nargs="+", help="the SFT start first, then GRPO checkpoints")
@@ -71,7 +88,8 @@ def main(argv=None) -> int:
     result = {"split": "validation", "n": len(val), "composite": {
         c: {"mean": float(np.mean([r["composite"] for r in rs])),
             "vs_first": bl.paired_bootstrap_ci([r["composite"] - s for r, s in zip(rs, start)]) if i else None}
-        for i, (c, rs) in enumerate(rows.items())}}
+        for i, (c, rs) in enumerate(rows.items())},
+        "sft_targets": target_composite(args.checkpoints[0], val, dataset, store, names, weights)}
     if args.headroom_prompts:
         picked = np.random.default_rng(0).choice(len(val), size=min(args.headroom_prompts, len(val)), replace=False)
         result["headroom"] = headroom(args.checkpoints[0], [val[i] for i in picked], dataset, store, names, weights,
