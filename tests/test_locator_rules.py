@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 
 import pytest
@@ -35,6 +36,33 @@ def resolver():
 ])
 def test_expressions_resolve_against_asked_at(resolver, text, expected):
     assert days(resolver.resolve(text, ASKED)) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    # The library reads these as "the week" (the current one) + "before August 3, 2023"
+    # (everything before it), and "the day before May 3" as May 3: composed into the span.
+    ("What did John do the week before August 3, 2022?", [("2022-07-27", "2022-08-02")]),
+    ("What did we do the weekend before 4th October, 2022?", [("2022-10-01", "2022-10-02")]),  # a Tuesday
+    ("What did we decide the week after May 3?", [("2023-05-04", "2023-05-10")]),
+    ("What did we do the weekend after April 5?", [("2023-04-08", "2023-04-09")]),
+    ("What happened the month after March 3?", [("2023-03-04", "2023-04-03")]),
+    ("What happened the day before May 3?", [("2023-05-02", "2023-05-02")]),
+    ("What happened the day after May 3?", [("2023-05-04", "2023-05-04")]),
+    ("What happened two days before May 3?", [("2023-05-01", "2023-05-01")]),  # a count: one day
+    ("What happened a week before April 9, 2023?", [("2023-04-02", "2023-04-02")]),
+    ("What did we do the year before 2023?", [("2022-01-01", "2022-12-31")]),
+])
+def test_spans_anchored_to_a_time_are_composed(resolver, text, expected):
+    assert days(resolver.resolve(text, ASKED)) == expected
+
+
+@pytest.mark.parametrize("text", ["What did we pick at the design review in the week of the merger?",
+                                  "What happened the month before the reorg?",
+                                  "What did Melanie do the week before her birthday?"])
+def test_spans_anchored_to_an_event_are_not_the_current_period(resolver, text):
+    # Unmodified, the library gives the week/month of asked_at for these.
+    assert resolver.resolve(text, ASKED) == ()
+    assert days(resolver.resolve("What did we decide during the week?", ASKED)) == [("2023-05-08", "2023-05-14")]
 
 
 @pytest.mark.parametrize("text", ["What is the current region of project cobalt?", "What did we paint recently?",
@@ -78,3 +106,13 @@ def test_cues_persist_across_processes_and_a_torn_line_is_skipped(tmp_path):
     second = CueResolver(cache_path=path)
     second._parse = lambda *a: pytest.fail("a cached question must not be parsed again")
     assert second.resolve("the offsite last week", ASKED) == cues
+
+
+def test_cached_resolutions_of_an_older_resolver_are_not_reused(tmp_path):
+    path = tmp_path / "cues.jsonl"
+    CueResolver(cache_path=path).resolve("the offsite last week", ASKED)
+    row = json.loads(path.read_text())
+    row["v"] -= 1
+    row["cues"] = [["last week", "2020-01-01T00:00:00", "2020-01-07T23:59:59.999999"]]
+    path.write_text(json.dumps(row) + "\n")
+    assert days(CueResolver(cache_path=path).resolve("the offsite last week", ASKED)) == [("2023-05-01", "2023-05-07")]

@@ -19,6 +19,13 @@ What this module adds is only what the library leaves open:
   lies wholly outside the visible memory (before its first message, or after
   ``asked_at``, e.g. "4 years ago" or "in 2010") says nothing about where the evidence is
   and is dropped (``clip``).
+- **Spans anchored to a time.** The library reads "the week before August 3, 2023" as two
+  results: "the week" (the *current* week) and "before August 3, 2023" (everything before
+  it), and "the day after May 3" as May 3. Both are composed into the span the words name
+  (July 27 .. August 2; May 4): a bare period ("the week", "the weekend") is the one next
+  to the anchor, a counted one ("two days", "a week") the day that far from it.
+- **Spans anchored to an event.** "The week of the merger" or "the month before the reorg"
+  is not the current week or month, which is all the library can make of it: no cue.
 
 ``TimeCue`` is what the locator prompt shows (``cue 1: "last week" = 2023-05-01 ..
 2023-05-07``) and what ``{"cue": 1}`` in a locator answer refers to. The ``rules`` source
@@ -32,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -46,6 +54,14 @@ DAY = timedelta(days=1)
 # Recognizers-Text result types that resolve to calendar time; durations ("for two
 # weeks"), sets ("every Monday") and bare times of day say nothing about which days.
 _DATED_TYPES = {"date", "daterange", "datetime", "datetimerange"}
+# Bumped when resolutions change, so cached ones from an older resolver are not reused.
+RESOLVER_VERSION = 2
+# A bare period: the library resolves it to the current one unless something anchors it.
+_BARE_PERIOD = re.compile(r"^(?:the|that)\s+(day|week|weekend|month|year)$", re.IGNORECASE)
+_ANCHORED_AFTER = re.compile(r"^\s*(?:of|before|after|following|preceding)\b", re.IGNORECASE)
+# "the day before May 3": the library returns May 3 and drops the offset.
+_DAY_OFFSET = re.compile(r"^the\s+day\s+(before|after)\s", re.IGNORECASE)
+_PERIOD_DAYS = {"day": 1, "week": 7}
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,83 @@ def _candidate(value: dict, kind: str, floor: datetime, asked_at: datetime) -> O
     return Window(start, end) if start <= end else None
 
 
+@dataclass(frozen=True)
+class _Found:
+    """One library result: its words, where they stand in the question (``end``
+    inclusive), its type and its readings."""
+
+    text: str
+    start: int
+    end: int
+    kind: str
+    values: tuple
+
+    @classmethod
+    def of(cls, result) -> "_Found":
+        return cls(" ".join(str(result.text).split()), int(result.start), int(result.end),
+                   str(result.type_name).rsplit(".", 1)[-1], tuple((result.resolution or {}).get("values", [])))
+
+
+def _readings(found: _Found, floor: datetime, asked_at: datetime) -> list[Window]:
+    """The day windows of one result's readings ("the day before May 3": shifted a day)."""
+    windows = [w for w in (_candidate(v, found.kind, floor, asked_at) for v in found.values) if w is not None]
+    offset = _DAY_OFFSET.match(found.text)
+    if offset and found.kind == "date":
+        shift = -DAY if offset.group(1).lower() == "before" else DAY
+        windows = [Window(w.start + shift, w.end + shift) for w in windows]
+    return windows
+
+
+def _event_anchored(found: _Found, question: str) -> bool:
+    """A bare period followed by "of / before / after ..." that the library did not read
+    ("the week of the merger"): it names a period next to an event, not the current one."""
+    return bool(_BARE_PERIOD.match(found.text)) and bool(_ANCHORED_AFTER.match(question[found.end + 1:]))
+
+
+def _offset_span(mod: str, edge: datetime, period: Optional[str], days: int) -> Window:
+    """The span a period or a count of days names next to an anchor. ``edge`` is the first
+    day after the span ("before") or the first day it may start ("after")."""
+    from dateutil.relativedelta import relativedelta
+
+    if period == "weekend":  # the Saturday-Sunday next to the anchor
+        if mod == "before":
+            last = edge - DAY
+            sunday = last - timedelta(days=(last.weekday() + 1) % 7)
+            return Window(sunday - DAY, _end_of_day(sunday))
+        saturday = edge + timedelta(days=(5 - edge.weekday()) % 7)
+        return Window(saturday, _end_of_day(saturday + DAY))
+    if period is not None:
+        length = relativedelta(days=_PERIOD_DAYS[period]) if period in _PERIOD_DAYS else relativedelta(**{period + "s": 1})
+        if mod == "before":
+            return Window(edge - length, _end_of_day(edge - DAY))
+        return Window(edge, _end_of_day(edge + length - DAY))
+    day = edge - timedelta(days=days) if mod == "before" else edge + timedelta(days=days) - DAY
+    return Window(day, _end_of_day(day))
+
+
+def _compose(here: _Found, anchor: Optional[_Found], question: str) -> list[Window]:
+    """``here`` + ``anchor`` as one span when ``here`` is a bare period or a count of days
+    standing right before a "before X" / "after X" result ("the week before August 3"):
+    one window per reading of the anchor, none when they do not compose."""
+    if anchor is None or question[here.end + 1: anchor.start].strip():
+        return []
+    bare = _BARE_PERIOD.match(here.text)
+    days = 0
+    if not bare:
+        seconds = float(here.values[0].get("value", 0)) if here.kind == "duration" and here.values else 0.0
+        days = round(seconds / 86400)
+        if days < 1:
+            return []
+    out = []
+    for v in anchor.values:
+        mod, point = v.get("Mod"), v.get("sourceEntity") == "datetimepoint"
+        edge = _parse_stamp(v.get("end") if mod == "before" else v.get("start") if mod == "after" else None)
+        if edge is not None:
+            edge = _day(edge) + (DAY if mod == "after" and point else timedelta(0))
+            out.append(_offset_span(mod, edge, bare.group(1).lower() if bare else None, days))
+    return out
+
+
 class CueResolver:
     """Resolves the time expressions of a question against its ``asked_at``.
 
@@ -116,6 +209,8 @@ class CueResolver:
         for line in self.cache_path.read_text(encoding="utf-8").splitlines():
             try:
                 row = json.loads(line)
+                if row.get("v") != RESOLVER_VERSION:
+                    continue
                 key = (row["text"], datetime.fromisoformat(row["asked_at"]), datetime.fromisoformat(row["floor"]))
                 self._memo[key] = tuple(TimeCue(c, Window(datetime.fromisoformat(a), datetime.fromisoformat(b)))
                                         for c, a, b in row["cues"])
@@ -126,7 +221,7 @@ class CueResolver:
         if self.cache_path is None:
             return
         self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        row = {"text": key[0], "asked_at": key[1].isoformat(), "floor": key[2].isoformat(),
+        row = {"v": RESOLVER_VERSION, "text": key[0], "asked_at": key[1].isoformat(), "floor": key[2].isoformat(),
                "cues": [[c.text, c.window.start.isoformat(), c.window.end.isoformat()] for c in cues]}
         with open(self.cache_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
@@ -148,18 +243,23 @@ class CueResolver:
         return self._memo[key]
 
     def _resolve(self, text: str, asked_at: datetime, floor: datetime) -> list[TimeCue]:
+        found = [_Found.of(r) for r in self._parse(text, asked_at)]
         cues: list[TimeCue] = []
-        for result in self._parse(text, asked_at):
-            kind = str(result.type_name).rsplit(".", 1)[-1]
-            if kind not in _DATED_TYPES:
-                continue
-            values = (result.resolution or {}).get("values", [])
-            windows = [w for w in (_candidate(v, kind, floor, asked_at) for v in values) if w is not None]
+        i = 0
+        while i < len(found):
+            here, anchor = found[i], found[i + 1] if i + 1 < len(found) else None
+            windows = _compose(here, anchor, text)
+            if windows:
+                words, i = f"{here.text} {anchor.text}", i + 2
+            else:
+                i += 1
+                if here.kind not in _DATED_TYPES or _event_anchored(here, text):
+                    continue
+                words, windows = here.text, _readings(here, floor, asked_at)
             past = [w for w in windows if w.start <= asked_at]
             if not past:
                 continue
-            window = max(past, key=lambda w: w.start)  # the latest reading that is not in the future
-            cue = TimeCue(" ".join(str(result.text).split()), window)
+            cue = TimeCue(words, max(past, key=lambda w: w.start))  # the latest reading not in the future
             if cue not in cues:
                 cues.append(cue)
         return cues
