@@ -12,6 +12,8 @@
    ``--samples`` completions at the GRPO temperature. GRPO raises the *sampled* reward;
    serving is greedy, so what it can gain there is bounded by how often a sample beats
    the greedy answer (best-of-k minus greedy).
+3. ``--policy-samples N``: every checkpoint's sampled composite (N samples a prompt at the
+   GRPO temperature), the policy's expected reward, bootstrapped against the first.
 """
 
 from __future__ import annotations
@@ -28,32 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_learning as bl  # noqa: E402  (same data, recipes and scoring as the benchmark)
 
 
-def prompted(model: str, queries, dataset, store, names, weights):
-    """``model``'s locator source, its prompts for ``queries``, and ``score(texts, queries,
-    tables)``: the recipe's weighted composite of those completions."""
-    from tider.locator.sources import make_source
-    from tider.train.prompt_filter import weighted_rewards
-    from tider.train.rewards import RewardContext, make_rewards
-
-    source = make_source("locator", model=model, batch_size=32, max_tokens=64)
-    tables = source.inputs(queries, [dataset.memories[q.memory_key] for q in queries],
-                           [store.timeline(q.memory_key) for q in queries], dataset.granularity)
-    fns = make_rewards(names, RewardContext(dataset=dataset, store=store, k=20))
-
-    def score(texts, qs, ts):
-        return weighted_rewards(fns, weights, texts, bl.reward_columns(qs, ts, dataset))
-
-    return source, tables, score
-
-
 def headroom(model: str, queries, dataset, store, names, weights, samples: int, temperature: float) -> dict:
-    source, tables, score = prompted(model, queries, dataset, store, names, weights)
+    source, tables, score = bl.prompted(model, queries, dataset, store, names, weights)
     backend = source.client.backend
     greedy = score([c.text for c in backend.generate_batch([t.messages for t in tables], max_tokens=64, temperature=0.0)],
-                   queries, tables)
+                   queries, tables)["composite"]
     rep = [t for t in tables for _ in range(samples)]
     drawn = backend.generate_batch([t.messages for t in rep], max_tokens=64, temperature=temperature, seed=1)
-    sampled = score([c.text for c in drawn], [q for q in queries for _ in range(samples)], rep).reshape(len(queries), samples)
+    sampled = score([c.text for c in drawn], [q for q in queries for _ in range(samples)], rep)["composite"]
+    sampled = sampled.reshape(len(queries), samples)
     by = defaultdict(list)
     for q, g, s in zip(queries, greedy, sampled):
         by[q.category].append([g, s.mean(), s.max()])
@@ -69,9 +54,9 @@ def target_composite(model: str, queries, dataset, store, names, weights) -> flo
     ``model``'s prompts: what imitating them perfectly would score, the ceiling SFT aims at."""
     from tider.train.examples import gold_answer
 
-    _, tables, score = prompted(model, queries, dataset, store, names, weights)
+    _, tables, score = bl.prompted(model, queries, dataset, store, names, weights)
     texts = [json.dumps(gold_answer(q, t, dataset.granularity)) for q, t in zip(queries, tables)]
-    return float(score(texts, queries, tables).mean())
+    return float(score(texts, queries, tables)["composite"].mean())
 
 
 def main(argv=None) -> int:
@@ -80,6 +65,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/grpo_headroom.json")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--headroom-prompts", type=int, default=96, help="0 = skip the headroom part")
+    ap.add_argument("--policy-samples", type=int, default=0,
+                    help="also each checkpoint's sampled composite (this many samples per prompt at the GRPO "
+                         "temperature: the expected reward GRPO maximizes), bootstrapped against the first")
     args = ap.parse_args(argv)
     g_args, g_train, dataset, store, splits = bl.benchmark_split(args.checkpoints[0])  # the benchmark's defaults
     val, names, weights = splits["validation"], g_args.reward_funcs, g_train.reward_weights
@@ -90,6 +78,13 @@ def main(argv=None) -> int:
             "vs_first": bl.paired_bootstrap_ci([r["composite"] - s for r, s in zip(rs, start)]) if i else None}
         for i, (c, rs) in enumerate(rows.items())},
         "sft_targets": target_composite(args.checkpoints[0], val, dataset, store, names, weights)}
+    if args.policy_samples:
+        means = {c: bl.sampled_rewards(Path(c), val, dataset, store, names, weights, args.policy_samples,
+                                       g_train.temperature)["composite"] for c in args.checkpoints}
+        first = means[args.checkpoints[0]]
+        result["sampled"] = {"samples": args.policy_samples, "temperature": g_train.temperature, "composite": {
+            c: {"mean": float(m.mean()), "vs_first": bl.paired_bootstrap_ci(m - first) if i else None}
+            for i, (c, m) in enumerate(means.items())}}
     if args.headroom_prompts:
         picked = np.random.default_rng(0).choice(len(val), size=min(args.headroom_prompts, len(val)), replace=False)
         result["headroom"] = headroom(args.checkpoints[0], [val[i] for i in picked], dataset, store, names, weights,

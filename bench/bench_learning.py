@@ -15,7 +15,8 @@ Stages (each skipped when its output exists, so an interrupted run resumes):
    differ in reward (``tider.train.prompt_filter``);
 4. held-out composite reward: greedy SFT and GRPO completions on the test split scored by
    the GRPO reward functions themselves (composite = the recipe's reward_weights); paired
-   bootstrap of GRPO - SFT;
+   bootstrap of GRPO - SFT; the same for the sampled policy (``--held-out-samples``
+   completions per query at the GRPO temperature: the expected reward GRPO maximizes);
 5. ``DIR/compare.json``: ``tider eval compare``'s own code (``run_compare``) with the GRPO
    locator against none, rules, dbscan-paper, dbscan-tuned, timeline and oracle on the
    test split, exact McNemar on hit_all@20;
@@ -113,6 +114,39 @@ def reward_columns(queries, tables, dataset) -> dict:
     return as_columns([columns_of(q, t, dataset.granularity) for q, t in zip(queries, tables)])
 
 
+def prompted(model: str, queries, dataset, store, names, weights):
+    """``model``'s locator source, its prompts for ``queries``, and ``score(texts, queries,
+    tables)``: each reward of those completions by name, and their weighted ``composite``
+    (the recipe's reward_weights)."""
+    from tider.locator.sources import make_source
+    from tider.train.prompt_filter import reward_scores
+    from tider.train.rewards import RewardContext, make_rewards
+
+    source = make_source("locator", model=model, batch_size=32, max_tokens=64)
+    tables = source.inputs(queries, [dataset.memories[q.memory_key] for q in queries],
+                           [store.timeline(q.memory_key) for q in queries], dataset.granularity)
+    fns = make_rewards(names, RewardContext(dataset=dataset, store=store, k=20))
+
+    def score(texts, qs, ts) -> dict[str, np.ndarray]:
+        scores = reward_scores(fns, texts, reward_columns(qs, ts, dataset))
+        return {**scores, "composite": sum(float(w) * scores[n] for n, w in zip(names, weights))}
+
+    return source, tables, score
+
+
+def sampled_rewards(model_dir: Path, queries, dataset, store, names, weights, samples: int,
+                    temperature: float, seed: int = 1) -> dict[str, np.ndarray]:
+    """Per query, each reward and the composite averaged over ``samples`` completions at
+    ``temperature``: the policy's expected reward, which is what GRPO maximizes (serving
+    decodes greedily)."""
+    source, tables, score = prompted(str(model_dir), queries, dataset, store, names, weights)
+    rep = [t for t in tables for _ in range(samples)]
+    drawn = source.client.backend.generate_batch([t.messages for t in rep], max_tokens=64,
+                                                 temperature=temperature, seed=seed)
+    scores = score([c.text for c in drawn], [q for q in queries for _ in range(samples)], rep)
+    return {k: v.reshape(len(queries), samples).mean(axis=1) for k, v in scores.items()}
+
+
 def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, weights) -> tuple[list[dict], list[str]]:
     """Greedy completions of ``model_dir`` on ``queries``, scored by the GRPO rewards."""
     from tider.locator.sources import make_source
@@ -137,11 +171,24 @@ def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, wei
     return rows, texts
 
 
+def history(run: Path) -> list[dict]:
+    return json.loads((run / "trainer_state.json").read_text())["log_history"]
+
+
+def grpo_quarters(grpo_dir: Path, reward_names) -> dict:
+    """Training curves in four equal parts of the run: mean composite reward, each reward,
+    KL and the share of groups with one reward (no gradient), so the README can say
+    whether window IoU rose with the reward."""
+    steps = [h for h in history(grpo_dir) if "reward" in h]
+    keys = {"reward": "reward", "kl": "kl", "frac_reward_zero_std": "frac_reward_zero_std",
+            **{n: f"rewards/{n}/mean" for n in reward_names}}
+    parts = [part for part in np.array_split(np.arange(len(steps)), 4) if len(part)]
+    return {name: [round(float(np.mean([steps[i][key] for i in part])), 4) for part in parts]
+            for name, key in keys.items() if all(key in h for h in steps)}  # kl is logged only when beta > 0
+
+
 def plot_curves(sft_dir: Path, grpo_dir: Path, out_png: Path, reward_names) -> None:
     from matplotlib.figure import Figure
-
-    def history(run: Path) -> list[dict]:
-        return json.loads((run / "trainer_state.json").read_text())["log_history"]
 
     def ema(xs, a=0.1):
         out, m = [], None
@@ -197,6 +244,9 @@ def parse_args(argv):
                     help="informative-prompt filter before GRPO (tider.train.prompt_filter): samples per prompt "
                          "(0 = off, the default: at 8 it did not beat SFT either; README)")
     ap.add_argument("--filter-pool", type=int, default=1024, help="candidate train prompts the filter samples")
+    ap.add_argument("--held-out-samples", type=int, default=2,
+                    help="also score each stage's sampled policy on the test split: this many completions per query "
+                         "at the GRPO temperature (0: greedy only)")
     ap.add_argument("--grpo-args", default="", help="extra GRPO recipe overrides, e.g. '--learning_rate 5e-5' (experiments)")
     ap.add_argument("--baselines", default=",".join(BASELINES), help="learning-free sources in the comparison ('' = none)")
     return ap.parse_args(argv)
@@ -273,6 +323,11 @@ def main(argv=None) -> int:
     rows, texts = {}, {}
     for label, folder in stages:
         rows[label], texts[label] = held_out_rewards(folder, test, dataset, store, names, weights)
+        if args.held_out_samples:
+            means = sampled_rewards(folder, test, dataset, store, names, weights, args.held_out_samples,
+                                    g_train.temperature)
+            for i, row in enumerate(rows[label]):
+                row.update({f"sampled/{k}": float(v[i]) for k, v in means.items()})
     timings["held_out_rewards_s"] = time.time() - t0
 
     t0 = time.time()
@@ -291,6 +346,8 @@ def main(argv=None) -> int:
         timings["check_seed_s"] = time.time() - t0
 
     diffs = [g["composite"] - s["composite"] for g, s in zip(rows.get("grpo", ()), rows["sft"])]
+    sampled_diffs = [g["sampled/composite"] - s["sampled/composite"] for g, s in zip(rows.get("grpo", ()), rows["sft"])
+                     if "sampled/composite" in s]
     results = {
         "command": " ".join([sys.executable, *sys.argv]),
         "hardware": hardware(),
@@ -301,6 +358,15 @@ def main(argv=None) -> int:
         "composite": {k: float(np.mean([r["composite"] for r in v])) for k, v in rows.items()},
         "rewards_by_stage": {k: {n: float(np.mean([r[f"r/{n}"] for r in v])) for n in names} for k, v in rows.items()},
         "bootstrap_grpo_minus_sft": paired_bootstrap_ci(diffs) if diffs else None,
+        # The policy's expected reward at the GRPO temperature (mean of --held-out-samples
+        # samples per query), what GRPO maximizes; "composite" above is greedy, as served.
+        "sampled": None if not args.held_out_samples else {
+            "samples": args.held_out_samples, "temperature": g_train.temperature,
+            "composite": {k: float(np.mean([r["sampled/composite"] for r in v])) for k, v in rows.items()},
+            "rewards_by_stage": {k: {n: float(np.mean([r[f"sampled/{n}"] for r in v])) for n in names}
+                                 for k, v in rows.items()},
+            "bootstrap_grpo_minus_sft": paired_bootstrap_ci(sampled_diffs) if sampled_diffs else None},
+        "grpo_quarters": None if args.sft_only else grpo_quarters(grpo_dir, names),
         "prompt_filter": (json.loads((grpo_dir / "prompt_filter.json").read_text())
                           if (grpo_dir / "prompt_filter.json").exists() else None),
         "compare": {"table": comparison["table"], "mcnemar": comparison["mcnemar"]},
@@ -316,7 +382,7 @@ def main(argv=None) -> int:
                 f.write(json.dumps({"stage": label, **r}) + "\n")
     if not args.sft_only:
         plot_curves(sft_dir, grpo_dir, out / "curves.png", names)
-    print(json.dumps({k: results[k] for k in ("composite", "bootstrap_grpo_minus_sft", "timings_s")}, indent=1))
+    print(json.dumps({k: results[k] for k in ("composite", "bootstrap_grpo_minus_sft", "sampled", "timings_s")}, indent=1))
     print((out / "compare.md").read_text())
     return 0
 

@@ -241,7 +241,9 @@ class LocalHFBackend:
                 enc = self.tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
                 if seed is not None:
                     torch.manual_seed(seed)
-                sampling = dict(do_sample=True, temperature=temperature) if temperature > 0 else dict(do_sample=False)
+                # Plain temperature sampling, as vLLM and TRL's GRPO sample (transformers would
+                # otherwise apply its default top_k=50).
+                sampling = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
                 generated = self.hf_model.generate(
                     **enc, max_new_tokens=max_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling
                 )
