@@ -73,6 +73,12 @@ def hardware() -> str:
     return describe()
 
 
+def matmul_ms() -> float:
+    from tider.hardware import matmul_ms as probe
+
+    return probe()
+
+
 def design_overrides(design: dict) -> list[str]:
     return ["--prompt_select", design["select"], "--prompt_show_cues", str(design["cues"]).lower(),
             "--prompt_pointers", str(design["pointers"]).lower(), "--prompt_marks", str(design.get("marks", False)).lower(),
@@ -351,6 +357,7 @@ def main(argv=None) -> int:
     results = {
         "command": " ".join([sys.executable, *sys.argv]),
         "hardware": hardware(),
+        "float32_matmul_ms": matmul_ms(),  # the machine's speed: the same hardware line can be 2x slower
         "design": {"name": args.design, **design},
         "dataset": {"split_sizes": {k: len(v) for k, v in splits.items()}, "test_used": len(test),
                     "train_only_conversations": args.train_conversations if design["fresh"] else 0},

@@ -65,6 +65,8 @@ def test_native_bf16_probe_reads_torch_then_cpuinfo(monkeypatch, tmp_path):
 def test_this_machine_is_described():
     line = hardware.describe()
     assert hardware.cpu_model() in line and f"{hardware.cpu_cores()} cores" in line
+    # The speed probe benchmarks record: a 512x256x1024 float32 matmul is milliseconds.
+    assert 0 < hardware.matmul_ms(repeats=3) < 1000
 
 
 @pytest.mark.parametrize("stage", ["sft", "grpo"])
