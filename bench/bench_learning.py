@@ -357,7 +357,7 @@ def main(argv=None) -> int:
     results = {
         "command": " ".join([sys.executable, *sys.argv]),
         "hardware": hardware(),
-        "float32_matmul_ms": matmul_ms(),  # the machine's speed: the same hardware line can be 2x slower
+        "float32_matmul_ms": matmul_ms(),  # the machine's speed now: the same VM varied 2x over a day
         "design": {"name": args.design, **design},
         "dataset": {"split_sizes": {k: len(v) for k, v in splits.items()}, "test_used": len(test),
                     "train_only_conversations": args.train_conversations if design["fresh"] else 0},

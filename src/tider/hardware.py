@@ -108,9 +108,9 @@ def log_choice(chosen: str) -> None:
 
 def matmul_ms(repeats: int = 50) -> float:
     """Median milliseconds of the float32 512x256x1024 matmul the module docstring quotes,
-    with torch's current thread count: a benchmark records it beside its timings, because
-    machines that ``describe`` alike differ in speed (two "2-core AMD EPYC" VMs here ran the
-    same SFT step in 0.9 s and 1.8 s)."""
+    with torch's current thread count: a benchmark records it beside its timings, because a
+    machine's speed is not its description (one "2-core AMD EPYC" VM here ran the same SFT
+    step in 1.0 s and, an hour earlier, in 1.8 s)."""
     import time
 
     import torch
