@@ -193,7 +193,8 @@ def grpo_quarters(grpo_dir: Path, reward_names) -> dict:
             for name, key in keys.items() if all(key in h for h in steps)}  # kl is logged only when beta > 0
 
 
-def plot_curves(sft_dir: Path, grpo_dir: Path, out_png: Path, reward_names) -> None:
+def plot_curves(sft_dirs: list[Path], grpo_dir: Path, out_png: Path, reward_names) -> None:
+    """SFT loss of each phase one after the other (step numbers continue), GRPO rewards."""
     from matplotlib.figure import Figure
 
     def ema(xs, a=0.1):
@@ -205,9 +206,14 @@ def plot_curves(sft_dir: Path, grpo_dir: Path, out_png: Path, reward_names) -> N
 
     fig = Figure(figsize=(12, 4))
     left, right = fig.subplots(1, 2)
-    sft = [h for h in history(sft_dir) if "loss" in h]
-    left.plot([h["step"] for h in sft], [h["loss"] for h in sft])
-    left.set(title="SFT loss (tiny Qwen3 from scratch)", xlabel="step", ylabel="loss", yscale="log")
+    offset = 0
+    for phase in sft_dirs:
+        sft = [h for h in history(phase) if "loss" in h]
+        left.plot([offset + h["step"] for h in sft], [h["loss"] for h in sft], label=phase.name)
+        offset += max((h["step"] for h in sft), default=0)
+    left.set(title="SFT loss (tiny Qwen3 from scratch, then the answer-only phase)", xlabel="step", ylabel="loss",
+             yscale="log")
+    left.legend(fontsize=7)
     grpo = [h for h in history(grpo_dir) if "reward" in h]
     steps = [h["step"] for h in grpo]
     right.plot(steps, ema([h["reward"] for h in grpo]), label="composite (EMA)", linewidth=2)
@@ -388,7 +394,7 @@ def main(argv=None) -> int:
             for r in rs:
                 f.write(json.dumps({"stage": label, **r}) + "\n")
     if not args.sft_only:
-        plot_curves(sft_dir, grpo_dir, out / "curves.png", names)
+        plot_curves([out / "sft", *([sft_dir] if args.answer_steps else [])], grpo_dir, out / "curves.png", names)
     print(json.dumps({k: results[k] for k in ("composite", "bootstrap_grpo_minus_sft", "sampled", "timings_s")}, indent=1))
     print((out / "compare.md").read_text())
     return 0
