@@ -155,6 +155,22 @@ def test_grpo_tiny_cpu(tiny_sft, work, data_dir):
     assert "'loss'" not in run.stdout  # no per-step metrics dicts on the terminal
 
 
+def test_grpo_tiny_cpu_vllm_samples_from_the_trained_weights(work, data_dir):
+    """The colocated engine must generate with the weights of the current step. Pushed hard
+    (lr 3e-3 from the shipped start) the policy moves far from its start (KL > 0.5), while
+    the log-probabilities vLLM sampled with stay those of the trainer's own weights (TRL
+    logs their difference): a stale engine would sample from the start, off by about the
+    KL. On AVX-512 CPUs this failed outright before (vLLM dropped the packed weights' loaders;
+    tider.train.grpo.compute_cpu_linears_on_live_weights)."""
+    out = work / "tiny-grpo-moving"
+    tider("grpo", "configs/grpo/tiny-cpu.yaml", "--model_name_or_path", str(ROOT / "models/tiny-locator-v2"),
+          "--output_dir", str(out), "--max_steps", "3", "--save_strategy", "no", "--learning_rate", "3e-3",
+          "--lr_scheduler_type", "constant", "--warmup_steps", "0", *data_args(data_dir), *COMMON)
+    last = [h for h in history(out) if "kl" in h][-1]
+    assert last["kl"] > 0.5, last
+    assert last["sampling/sampling_logp_difference/mean"] < 0.05, last
+
+
 @pytest.fixture(scope="module")
 def production_sft(tiny_sft, work, data_dir):
     out = work / "qwen3-sft"

@@ -127,3 +127,14 @@ def test_dar_reproduces_tider_table_8():
         assert share[bucket] / 20000 == pytest.approx(p, abs=0.015)
     with pytest.raises(ValueError, match="known buckets"):
         effective_probabilities(counts, {"3": 2.0})
+
+
+def test_eval_queries_is_a_seeded_sample_in_split_order():
+    from tider.train.locator_data import eval_queries
+
+    queries = list(range(100))
+    sample = eval_queries(queries, 10, seed=0)
+    assert len(sample) == 10 and sample == sorted(sample) and sample == eval_queries(queries, 10, seed=0)
+    assert sample != queries[:10] and sample != eval_queries(queries, 10, seed=1)
+    assert max(sample) > 50  # spread over the split, not its head
+    assert eval_queries(queries, None, seed=0) == queries == eval_queries(queries, 500, seed=0)

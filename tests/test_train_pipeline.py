@@ -65,12 +65,17 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
     grpo_args = ["grpo", "--config", str(ROOT / "configs/grpo/tiny-cpu.yaml"), "--model_name_or_path", str(sft),
                  "--output_dir", str(grpo), "--save_steps", "3", "--use_vllm", "false",
                  "--filter_samples", "2", "--filter_pool", "12", *DATA]  # the seeded filter: same prompts on resume
-    assert main([*grpo_args, "--max_steps", "3"]) == 0
+    # In-training evaluation on held-out prompts (a seeded sample of validation), at the start
+    # and at the end: the sampled policy's rewards there are the curve GRPO should raise.
+    evaluation = ["--eval_strategy", "steps", "--eval_steps", "3", "--eval_on_start", "true", "--max_eval_samples", "4",
+                  "--num_generations_eval", "4", "--per_device_eval_batch_size", "8"]
+    assert main([*grpo_args, "--max_steps", "3", *evaluation]) == 0
     assert _unchanged(_weights(sft), _weights(grpo)) == []
     history = _log_history(grpo)
     recipe = yaml.safe_load((ROOT / "configs/grpo/tiny-cpu.yaml").read_text())
     for name in recipe["reward_funcs"]:
         assert any(f"rewards/{name}/mean" in h for h in history), name
+        assert [h["step"] for h in history if f"eval_rewards/{name}/mean" in h] == [0, 3], name
     assert any("parse/failure_rate" in h for h in history)
     assert json.loads((grpo / "dar.json").read_text())["effective_probabilities"]
     kept = json.loads((grpo / "prompt_filter.json").read_text())

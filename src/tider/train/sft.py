@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from tider.train.locator_data import prepare, sft_records, start_wandb_run, to_hf, train_and_save
+from tider.train.locator_data import eval_queries, prepare, sft_records, start_wandb_run, to_hf, train_and_save
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,8 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
                                                           training_args=training_args)
     train = to_hf(sft_records(splits["train"], builder), script_args.max_train_samples, ["prompt", "completion"])
     evaluate = training_args.eval_strategy != "no"
-    val = to_hf(sft_records(splits["validation"], builder), script_args.max_eval_samples, ["prompt", "completion"]) if evaluate else None
+    val = to_hf(sft_records(eval_queries(splits["validation"], script_args.max_eval_samples, training_args.seed), builder),
+                columns=["prompt", "completion"]) if evaluate else None
     training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
     trainer = SFTTrainer(
         model=model_path,
