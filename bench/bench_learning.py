@@ -193,6 +193,24 @@ def grpo_quarters(grpo_dir: Path, reward_names) -> dict:
             for name, key in keys.items() if all(key in h for h in steps)}  # kl is logged only when beta > 0
 
 
+def grpo_eval_args(args) -> list[str]:
+    """Recipe overrides for GRPO's in-training evaluation: the same rewards on held-out
+    prompts, sampled at the training temperature, at step 0 and every quarter of the run.
+    Training rewards are measured on 4 new prompts a step, too few to show a trend."""
+    if not args.grpo_eval_prompts or args.sft_only:
+        return []
+    return ["--eval_strategy", "steps", "--eval_steps", str(max(1, args.grpo_steps // 4)), "--eval_on_start", "true",
+            "--max_eval_samples", str(args.grpo_eval_prompts), "--num_generations_eval", "4",
+            "--per_device_eval_batch_size", "32"]
+
+
+def grpo_eval_curve(grpo_dir: Path, reward_names) -> list[dict]:
+    """The held-out reward at each evaluation: step, composite and each reward."""
+    return [{"step": h["step"], "reward": round(h["eval_reward"], 4),
+             **{n: round(h[f"eval_rewards/{n}/mean"], 4) for n in reward_names if f"eval_rewards/{n}/mean" in h}}
+            for h in history(grpo_dir) if "eval_reward" in h]
+
+
 def plot_curves(sft_dirs: list[Path], grpo_dir: Path, out_png: Path, reward_names) -> None:
     """SFT loss of each phase one after the other (step numbers continue), GRPO rewards."""
     from matplotlib.figure import Figure
@@ -219,7 +237,12 @@ def plot_curves(sft_dirs: list[Path], grpo_dir: Path, out_png: Path, reward_name
     right.plot(steps, ema([h["reward"] for h in grpo]), label="composite (EMA)", linewidth=2)
     for name in reward_names:
         right.plot(steps, ema([h.get(f"rewards/{name}/mean", np.nan) for h in grpo]), label=f"{name} (EMA)", alpha=0.7)
-    right.set(title="GRPO training rewards", xlabel="step", ylabel="reward")
+    held_out = grpo_eval_curve(grpo_dir, reward_names)
+    if held_out:
+        for key, color in (("reward", "C0"), ("window_iou", "C3")):
+            right.plot([h["step"] for h in held_out], [h.get(key, np.nan) for h in held_out], "o--", color=color,
+                       label=f"{key}, held-out prompts (eval)")
+    right.set(title="GRPO rewards: training (EMA) and held-out evaluations", xlabel="step", ylabel="reward")
     right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_png, dpi=120)
@@ -259,6 +282,9 @@ def parse_args(argv):
     ap.add_argument("--held-out-samples", type=int, default=2,
                     help="also score each stage's sampled policy on the test split: this many completions per query "
                          "at the GRPO temperature (0: greedy only)")
+    ap.add_argument("--grpo-eval-prompts", type=int, default=96,
+                    help="GRPO evaluates this many validation prompts (a seeded sample, 4 sampled completions each, "
+                         "TRL's eval loop) at its start and every quarter: the held-out reward curve (0: off)")
     ap.add_argument("--grpo-args", default="", help="extra GRPO recipe overrides, e.g. '--learning_rate 5e-5' (experiments)")
     ap.add_argument("--baselines", default=",".join(BASELINES), help="learning-free sources in the comparison ('' = none)")
     return ap.parse_args(argv)
@@ -314,7 +340,7 @@ def main(argv=None) -> int:
                                                     "--use_vllm", "false", *rewards, *data,
                                                     "--filter_samples", str(args.filter_samples),
                                                     "--filter_pool", str(args.filter_pool),
-                                                    *shlex.split(args.grpo_args)])
+                                                    *grpo_eval_args(args), *shlex.split(args.grpo_args)])
     t0 = time.time()
     if not args.sft_only and not (grpo_dir / "tider_locator.json").exists():
         g_data, g_store = dataset, store
@@ -380,6 +406,7 @@ def main(argv=None) -> int:
                                  for k, v in rows.items()},
             "bootstrap_grpo_minus_sft": paired_bootstrap_ci(sampled_diffs) if sampled_diffs else None},
         "grpo_quarters": None if args.sft_only else grpo_quarters(grpo_dir, names),
+        "grpo_eval": None if args.sft_only else grpo_eval_curve(grpo_dir, names),
         "prompt_filter": (json.loads((grpo_dir / "prompt_filter.json").read_text())
                           if (grpo_dir / "prompt_filter.json").exists() else None),
         "compare": {"table": comparison["table"], "mcnemar": comparison["mcnemar"]},
@@ -395,7 +422,7 @@ def main(argv=None) -> int:
                 f.write(json.dumps({"stage": label, **r}) + "\n")
     if not args.sft_only:
         plot_curves([out / "sft", *([sft_dir] if args.answer_steps else [])], grpo_dir, out / "curves.png", names)
-    print(json.dumps({k: results[k] for k in ("composite", "bootstrap_grpo_minus_sft", "sampled", "timings_s")}, indent=1))
+    print(json.dumps({k: results[k] for k in ("composite", "bootstrap_grpo_minus_sft", "sampled", "grpo_eval", "timings_s")}, indent=1))
     print((out / "compare.md").read_text())
     return 0
 
