@@ -87,7 +87,7 @@ def compute_cpu_linears_on_live_weights() -> None:
     def dispatch(layer, remove_weight: bool) -> None:
         if layer.weight.is_meta or layer.weight.ndim != 2:  # not a linear layer: vLLM's own handling
             return packing(layer, remove_weight)
-        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+        layer.cpu_linear = torch.nn.functional.linear  # called as (x, layer.weight, bias): the live weight
 
     dispatch.live_weights = True
     utils.dispatch_cpu_unquantized_gemm = dispatch
@@ -140,8 +140,10 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
             logger.info("wrote %s", Path(training_args.output_dir) / "dar.json", extra={"file_only": True})
     train = to_hf(records, script_args.max_train_samples)
     evaluate = training_args.eval_strategy != "no"
-    val = to_hf(grpo_records(eval_queries(splits["validation"], script_args.max_eval_samples, training_args.seed),
-                             builder)) if evaluate else None
+    val = None
+    if evaluate:
+        queries = eval_queries(splits["validation"], script_args.max_eval_samples, training_args.seed)
+        val = to_hf(grpo_records(queries, builder))
     training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
     with vllm_server_connection(training_args):
         trainer = GRPOTrainer(

@@ -253,5 +253,5 @@ def last_complete_checkpoint(output_dir: str) -> Optional[str]:
     return str(newest)
 
 
-__all__ = ["prepare", "sft_records", "grpo_records", "eval_queries", "to_hf", "training_metadata", "resume_arg", "start_wandb_run",
-           "train_and_save"]
+__all__ = ["prepare", "sft_records", "grpo_records", "eval_queries", "to_hf", "training_metadata", "resume_arg",
+           "start_wandb_run", "train_and_save"]

@@ -31,8 +31,10 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
                                                           training_args=training_args)
     train = to_hf(sft_records(splits["train"], builder), script_args.max_train_samples, ["prompt", "completion"])
     evaluate = training_args.eval_strategy != "no"
-    val = to_hf(sft_records(eval_queries(splits["validation"], script_args.max_eval_samples, training_args.seed), builder),
-                columns=["prompt", "completion"]) if evaluate else None
+    val = None
+    if evaluate:
+        queries = eval_queries(splits["validation"], script_args.max_eval_samples, training_args.seed)
+        val = to_hf(sft_records(queries, builder), columns=["prompt", "completion"])
     training_args.model_init_kwargs = model_init_kwargs(training_args, model_args)
     trainer = SFTTrainer(
         model=model_path,
