@@ -30,7 +30,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_learning as bl  # noqa: E402  (the benchmark's data, split and recipes)
+import bench_learning as bl
 
 
 def direction(question: str) -> str:
@@ -51,7 +51,7 @@ def first_mark(answer: str, prompt: str) -> str:
     if "mark" in window:
         return str(window["mark"])
     if "entry" in window:
-        line = re.search(r"^([^\n]*)\| L%d$" % window["entry"], prompt, re.M)
+        line = re.search(r"^([^\n]*)\| L%d$" % window["entry"], prompt, re.MULTILINE)
         mark = re.search(r" (A[-+]?\d*) ", line.group(1)) if line else None
         return mark.group(1) if mark else "L"
     return "dates" if "start" in window else "cue"
@@ -73,10 +73,16 @@ def greedy_counts(run: Path, stages, test, dataset, store) -> dict:
     out = {}
     for stage in stages:
         source = make_source("locator", model=str(stage_dir(run, stage)))
-        tables = source.inputs(queries, [dataset.memories[q.memory_key] for q in queries],
-                               [store.timeline(q.memory_key) for q in queries], dataset.granularity)
-        counts = Counter((direction(q.text), first_mark(texts[stage][i], t.messages[-1]["content"]))
-                         for i, q, t in zip(picked, queries, tables))
+        tables = source.inputs(
+            queries,
+            [dataset.memories[q.memory_key] for q in queries],
+            [store.timeline(q.memory_key) for q in queries],
+            dataset.granularity,
+        )
+        counts = Counter(
+            (direction(q.text), first_mark(texts[stage][i], t.messages[-1]["content"]))
+            for i, q, t in zip(picked, queries, tables)
+        )
         out[stage] = {f"{d} -> {m}": n for (d, m), n in sorted(counts.items())}
     return out
 
@@ -86,8 +92,11 @@ def sample_shares(grpo_dir: Path) -> dict:
 
     d = pd.concat([pd.read_parquet(f) for f in sorted((grpo_dir / "completions").glob("*.parquet"))])
     prompts = d.prompt.map(lambda p: p[-1]["content"])
-    d = d.assign(dir=prompts.map(lambda p: direction(p.split("\n")[0])), text=prompts,
-                 mark=[first_mark(c[0]["content"], p) for c, p in zip(d.completion, prompts)])
+    d = d.assign(
+        dir=prompts.map(lambda p: direction(p.split("\n")[0])),
+        text=prompts,
+        mark=[first_mark(c[0]["content"], p) for c, p in zip(d.completion, prompts)],
+    )
     d = d[prompts.str.contains(" A |") & (d.dir != "other")]
     d = d.assign(quarter=(d.step - 1) * 4 // int(d.step.max()))
     out = defaultdict(dict)
@@ -108,9 +117,21 @@ def main(argv=None) -> int:
     g_args, _, dataset, store, splits = bl.benchmark_split(start, "+marks")  # bench_learning's split
     test = splits["test"]
     builder = PromptBuilder(dataset, store, settings=g_args.prompt_settings())  # +marks tables: targets as marks
-    result = {"targets": {f"{d} -> {m}": n for (d, m), n in sorted(Counter(
-        (direction(q.text), first_mark(json.dumps(gold_answer(q, builder.build(q), dataset.granularity)), ""))
-        for q in test if q.category == "anchored").items())}}
+    result = {
+        "targets": {
+            f"{d} -> {m}": n
+            for (d, m), n in sorted(
+                Counter(
+                    (
+                        direction(q.text),
+                        first_mark(json.dumps(gold_answer(q, builder.build(q), dataset.granularity)), ""),
+                    )
+                    for q in test
+                    if q.category == "anchored"
+                ).items()
+            )
+        }
+    }
     for spec in args.runs:
         run, _, stages = spec.partition(":")
         result[run] = greedy_counts(Path(run), stages.split(","), test, dataset, store)

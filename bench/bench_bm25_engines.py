@@ -20,7 +20,7 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def tantivy_index(token_lists):
@@ -43,7 +43,9 @@ def tantivy_index(token_lists):
 def tantivy_top(schema, searcher, tokens, k):
     import tantivy
 
-    query = tantivy.Query.boolean_query([(tantivy.Occur.Should, tantivy.Query.term_query(schema, "body", t)) for t in tokens])
+    query = tantivy.Query.boolean_query(
+        [(tantivy.Occur.Should, tantivy.Query.term_query(schema, "body", t)) for t in tokens]
+    )
     hits = searcher.search(query, k, count=False).hits
     return searcher.fast_field_values("row", [a for _, a in hits])
 
@@ -60,8 +62,10 @@ def main() -> None:
         rng = np.random.default_rng(n)
         ranks = np.minimum(rng.zipf(1.3, size=(n, 12)), 50_000) - 1  # the corpus of bench_retrieval.py
         texts = [" ".join(f"w{r}" for r in row) for row in ranks]
-        queries = [tokenize(" ".join(f"w{r}" for r in np.minimum(rng.zipf(1.3, size=4), 50_000) - 1))
-                   for _ in range(args.queries)]
+        queries = [
+            tokenize(" ".join(f"w{r}" for r in np.minimum(rng.zipf(1.3, size=4), 50_000) - 1))
+            for _ in range(args.queries)
+        ]
         t0 = time.perf_counter()
         bm25 = BM25Index.from_texts(texts)
         row = {"messages": n, "build_bm25s_s": round(time.perf_counter() - t0, 1)}
@@ -69,15 +73,24 @@ def main() -> None:
         schema, searcher = tantivy_index(bm25.token_lists)
         row["build_tantivy_s"] = round(time.perf_counter() - t0, 1)
         for k in (20, 1000):
-            for name, fn in (("bm25s", lambda q: bm25.search(q, k)), ("tantivy", lambda q: tantivy_top(schema, searcher, q, k))):
+            for name, fn in (
+                ("bm25s", lambda q: bm25.search(q, k)),
+                ("tantivy", lambda q: tantivy_top(schema, searcher, q, k)),
+            ):
                 times = []
                 for q in queries:
                     t0 = time.perf_counter()
                     fn(q)
                     times.append(1e3 * (time.perf_counter() - t0))
                 row[f"{name}_top{k}_p50_ms"] = round(float(np.percentile(times, 50)), 2)
-        row["same_top20_set"] = round(float(np.mean([set(bm25.search(q, 20)[0].tolist()) == set(tantivy_top(schema, searcher, q, 20))
-                                                      for q in queries])), 3)
+        row["same_top20_set"] = round(
+            float(
+                np.mean(
+                    [set(bm25.search(q, 20)[0].tolist()) == set(tantivy_top(schema, searcher, q, 20)) for q in queries]
+                )
+            ),
+            3,
+        )
         row["load_1min"] = open("/proc/loadavg").read().split()[0]
         print(json.dumps(row), flush=True)
         out.append(row)

@@ -40,7 +40,9 @@ def random_prediction(rng: random.Random, memory):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", default=str(Path(__file__).resolve().parents[1] / ".." / "shared/data/locomo/locomo_dev.json"))
+    parser.add_argument(
+        "--path", default=str(Path(__file__).resolve().parents[1] / ".." / "shared/data/locomo/locomo_dev.json")
+    )
     parser.add_argument("--evaluations", type=int, default=20000)
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
@@ -62,8 +64,12 @@ def main() -> None:
         full = load_dataset("synthetic")
         key = next(iter(full.memories))
         source = f"synthetic {key}"
-    dataset = Dataset(full.name, full.granularity, {key: full.memories[key]},
-                      [q for q in eligible_queries(full) if q.memory_key == key])
+    dataset = Dataset(
+        full.name,
+        full.granularity,
+        {key: full.memories[key]},
+        [q for q in eligible_queries(full) if q.memory_key == key],
+    )
     memory = dataset.memories[key]
     ctx = RewardContext(dataset=dataset, k=args.k)  # the GRPO reward's own path (tider.memory)
     store = ctx.get_store("evidence_coverage")
@@ -85,10 +91,16 @@ def main() -> None:
     total = sum(coverage(q, p) for q, p in work)
     warm = time.perf_counter() - t0
     result = {
-        "memory": source, "messages": len(memory), "queries": len(dataset.queries), "k": args.k,
-        "evaluations": len(work), "evaluations_per_s": round(len(work) / warm, 1),
-        "us_per_evaluation": round(1e6 * warm / len(work), 1), "cold_ms_per_new_query": round(1e3 * cold, 2),
-        "mean_coverage": round(total / len(work), 4), "threads": 1,
+        "memory": source,
+        "messages": len(memory),
+        "queries": len(dataset.queries),
+        "k": args.k,
+        "evaluations": len(work),
+        "evaluations_per_s": round(len(work) / warm, 1),
+        "us_per_evaluation": round(1e6 * warm / len(work), 1),
+        "cold_ms_per_new_query": round(1e3 * cold, 2),
+        "mean_coverage": round(total / len(work), 4),
+        "threads": 1,
     }
     print(json.dumps(result, indent=2))
     assert result["evaluations_per_s"] >= 1000, "coverage is too slow to serve as a GRPO reward"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 DEPTH, DIM = 1000, 384
 
@@ -63,6 +63,7 @@ def numpy_top(x):
     def top(q):
         ids, scores = exact_top(x, q, DEPTH)
         return ids[np.lexsort((ids, -scores))]
+
     return top
 
 
@@ -111,17 +112,32 @@ def one_size(n: int, n_queries: int, hnsw: bool) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    methods = [m for m in ("numpy_exact", "faiss_flat", "sq_fp16_refine", "sq_8bit_refine", "sq_4bit_refine", "hnsw_ef1000")
-               if any(m in r for r in rows)]
-    lines = ["| messages | read float32 / int8 (ms) | " + " | ".join(f"{m} p50 ms (recall, same pos)" for m in methods) + " |",
-             "|---" * (2 + len(methods)) + "|"]
+    methods = [
+        m
+        for m in ("numpy_exact", "faiss_flat", "sq_fp16_refine", "sq_8bit_refine", "sq_4bit_refine", "hnsw_ef1000")
+        if any(m in r for r in rows)
+    ]
+    lines = [
+        "| messages | read float32 / int8 (ms) | "
+        + " | ".join(f"{m} p50 ms (recall, same pos)" for m in methods)
+        + " |",
+        "|---" * (2 + len(methods)) + "|",
+    ]
     for r in rows:
         cells = []
         for m in methods:
             v = r.get(m)
-            cells.append("–" if v is None else f"{v['p50_ms']}" + (f" ({v['recall_top1000']}, {v['same_position']})"
-                                                                  if "recall_top1000" in v else " (exact)"))
-        lines.append(f"| {r['messages']:,} | {r['read_float32']['p50_ms']} / {r['read_int8']['p50_ms']} | " + " | ".join(cells) + " |")
+            cells.append(
+                "–"
+                if v is None
+                else f"{v['p50_ms']}"
+                + (f" ({v['recall_top1000']}, {v['same_position']})" if "recall_top1000" in v else " (exact)")
+            )
+        lines.append(
+            f"| {r['messages']:,} | {r['read_float32']['p50_ms']} / {r['read_int8']['p50_ms']} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -136,7 +152,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     hnsw_sizes = {int(s) for s in args.hnsw.split(",") if s}
     rows = [one_size(int(s), args.queries, int(s) in hnsw_sizes) for s in args.sizes.split(",")]
-    result = {"hardware": describe(), "threads": 1, "depth": DEPTH, "dim": DIM, "load_average": os.getloadavg(), "rows": rows}
+    result = {
+        "hardware": describe(),
+        "threads": 1,
+        "depth": DEPTH,
+        "dim": DIM,
+        "load_average": os.getloadavg(),
+        "rows": rows,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(result["hardware"], "load", [round(v, 2) for v in result["load_average"]])

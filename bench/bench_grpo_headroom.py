@@ -27,14 +27,17 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_learning as bl  # noqa: E402  (same data, recipes and scoring as the benchmark)
+import bench_learning as bl
 
 
 def headroom(model: str, queries, dataset, store, names, weights, samples: int, temperature: float) -> dict:
     source, tables, score = bl.prompted(model, queries, dataset, store, names, weights)
     backend = source.client.backend
-    greedy = score([c.text for c in backend.generate_batch([t.messages for t in tables], max_tokens=64, temperature=0.0)],
-                   queries, tables)["composite"]
+    greedy = score(
+        [c.text for c in backend.generate_batch([t.messages for t in tables], max_tokens=64, temperature=0.0)],
+        queries,
+        tables,
+    )["composite"]
     rep = [t for t in tables for _ in range(samples)]
     drawn = backend.generate_batch([t.messages for t in rep], max_tokens=64, temperature=temperature, seed=1)
     sampled = score([c.text for c in drawn], [q for q in queries for _ in range(samples)], rep)["composite"]
@@ -42,11 +45,17 @@ def headroom(model: str, queries, dataset, store, names, weights, samples: int, 
     by = defaultdict(list)
     for q, g, s in zip(queries, greedy, sampled):
         by[q.category].append([g, s.mean(), s.max()])
-    return {"prompts": len(queries), "samples": samples, "temperature": temperature,
-            "greedy": float(greedy.mean()), "sample_mean": float(sampled.mean()), "best_of_k": float(sampled.max(1).mean()),
-            "share_with_spread": float((sampled.max(1) > sampled.min(1)).mean()),
-            "share_a_sample_beats_greedy": float((sampled.max(1) > greedy + 1e-9).mean()),
-            "by_category_greedy_mean_best": {k: np.mean(v, axis=0).round(3).tolist() for k, v in sorted(by.items())}}
+    return {
+        "prompts": len(queries),
+        "samples": samples,
+        "temperature": temperature,
+        "greedy": float(greedy.mean()),
+        "sample_mean": float(sampled.mean()),
+        "best_of_k": float(sampled.max(1).mean()),
+        "share_with_spread": float((sampled.max(1) > sampled.min(1)).mean()),
+        "share_a_sample_beats_greedy": float((sampled.max(1) > greedy + 1e-9).mean()),
+        "by_category_greedy_mean_best": {k: np.mean(v, axis=0).round(3).tolist() for k, v in sorted(by.items())},
+    }
 
 
 def target_composite(model: str, queries, dataset, store, names, weights) -> float:
@@ -65,30 +74,58 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/grpo_headroom.json")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--headroom-prompts", type=int, default=96, help="0 = skip the headroom part")
-    ap.add_argument("--policy-samples", type=int, default=0,
-                    help="also each checkpoint's sampled composite (this many samples per prompt at the GRPO "
-                         "temperature: the expected reward GRPO maximizes), bootstrapped against the first")
+    ap.add_argument(
+        "--policy-samples",
+        type=int,
+        default=0,
+        help="also each checkpoint's sampled composite (this many samples per prompt at the GRPO "
+        "temperature: the expected reward GRPO maximizes), bootstrapped against the first",
+    )
     args = ap.parse_args(argv)
     g_args, g_train, dataset, store, splits = bl.benchmark_split(args.checkpoints[0])  # the benchmark's defaults
     val, names, weights = splits["validation"], g_args.reward_funcs, g_train.reward_weights
     rows = {c: bl.held_out_rewards(Path(c), val, dataset, store, names, weights)[0] for c in args.checkpoints}
     start = [r["composite"] for r in rows[args.checkpoints[0]]]
-    result = {"split": "validation", "n": len(val), "composite": {
-        c: {"mean": float(np.mean([r["composite"] for r in rs])),
-            "vs_first": bl.paired_bootstrap_ci([r["composite"] - s for r, s in zip(rs, start)]) if i else None}
-        for i, (c, rs) in enumerate(rows.items())},
-        "sft_targets": target_composite(args.checkpoints[0], val, dataset, store, names, weights)}
+    result = {
+        "split": "validation",
+        "n": len(val),
+        "composite": {
+            c: {
+                "mean": float(np.mean([r["composite"] for r in rs])),
+                "vs_first": bl.paired_bootstrap_ci([r["composite"] - s for r, s in zip(rs, start)]) if i else None,
+            }
+            for i, (c, rs) in enumerate(rows.items())
+        },
+        "sft_targets": target_composite(args.checkpoints[0], val, dataset, store, names, weights),
+    }
     if args.policy_samples:
-        means = {c: bl.sampled_rewards(Path(c), val, dataset, store, names, weights, args.policy_samples,
-                                       g_train.temperature)["composite"] for c in args.checkpoints}
+        means = {
+            c: bl.sampled_rewards(
+                Path(c), val, dataset, store, names, weights, args.policy_samples, g_train.temperature
+            )["composite"]
+            for c in args.checkpoints
+        }
         first = means[args.checkpoints[0]]
-        result["sampled"] = {"samples": args.policy_samples, "temperature": g_train.temperature, "composite": {
-            c: {"mean": float(m.mean()), "vs_first": bl.paired_bootstrap_ci(m - first) if i else None}
-            for i, (c, m) in enumerate(means.items())}}
+        result["sampled"] = {
+            "samples": args.policy_samples,
+            "temperature": g_train.temperature,
+            "composite": {
+                c: {"mean": float(m.mean()), "vs_first": bl.paired_bootstrap_ci(m - first) if i else None}
+                for i, (c, m) in enumerate(means.items())
+            },
+        }
     if args.headroom_prompts:
         picked = np.random.default_rng(0).choice(len(val), size=min(args.headroom_prompts, len(val)), replace=False)
-        result["headroom"] = headroom(args.checkpoints[0], [val[i] for i in picked], dataset, store, names, weights,
-                                      args.samples, g_train.temperature)
+        result["headroom"] = headroom(
+            args.checkpoints[0],
+            [val[i] for i in picked],
+            dataset,
+            store,
+            names,
+            weights,
+            args.samples,
+            g_train.temperature,
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=1))

@@ -26,12 +26,20 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = ["--synthetic_messages", "1600", "--synthetic_conversations", "4", "--report_to", "none", "--save_strategy", "no"]
+DATA = [
+    "--synthetic_messages",
+    "1600",
+    "--synthetic_conversations",
+    "4",
+    "--report_to",
+    "none",
+    "--save_strategy",
+    "no",
+]
 
 
 def worker(args) -> None:
     """One GRPO run with the timers installed; writes the raw timings as JSON."""
-    import torch
     import transformers
     from transformers import TrainerCallback
     from trl.extras import profiling
@@ -50,7 +58,8 @@ def worker(args) -> None:
 
     register_optimizer_step_pre_hook(lambda *a: started.__setitem__("opt", time.perf_counter()))
     register_optimizer_step_post_hook(
-        lambda *a: timings["optimizer.step"].append((state["step"], time.perf_counter() - started["opt"])))
+        lambda *a: timings["optimizer.step"].append((state["step"], time.perf_counter() - started["opt"]))
+    )
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, a, s, c, **kw):
@@ -81,22 +90,54 @@ def table(results: dict) -> str:
 
     rewards = yaml.safe_load((REPO / "configs/grpo/tiny-cpu.yaml").read_text())["reward_funcs"]
     generation = ("transformers.generate", "transformers.generate_batch", "vLLM.generate", "sync_weights")
-    rows = [("generation (+ vLLM weight sync)", generation), *[(f"reward `{r}`", (r,)) for r in rewards],
-            ("optimizer step", ("optimizer.step",))]
-    head = "| part of a GRPO step | " + " | ".join(f"{k} (s)" for k in results) + " | " + " | ".join(f"{k} share" for k in results) + " |"
+    rows = [
+        ("generation (+ vLLM weight sync)", generation),
+        *[(f"reward `{r}`", (r,)) for r in rewards],
+        ("optimizer step", ("optimizer.step",)),
+    ]
+    head = (
+        "| part of a GRPO step | "
+        + " | ".join(f"{k} (s)" for k in results)
+        + " | "
+        + " | ".join(f"{k} share" for k in results)
+        + " |"
+    )
     lines = [head, "|" + "---|" * (1 + 2 * len(results))]
     for label, names in rows:
         secs = [sum(r["seconds_per_step"].get(n, 0.0) for n in names) for r in results.values()]
         shares = [s / r["seconds_per_step"]["step"] for s, r in zip(secs, results.values())]
-        lines.append(f"| {label} | " + " | ".join(f"{s:.3f}" for s in secs) + " | " + " | ".join(f"{x:.1%}" for x in shares) + " |")
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{s:.3f}" for s in secs)
+            + " | "
+            + " | ".join(f"{x:.1%}" for x in shares)
+            + " |"
+        )
     parts = [n for _, names in rows for n in names]
-    rest = [r["seconds_per_step"]["step"] - sum(r["seconds_per_step"].get(n, 0.0) for n in parts) for r in results.values()]
-    lines.append("| rest: policy/reference log-probs, loss, backward | " + " | ".join(f"{x:.3f}" for x in rest) + " | "
-                 + " | ".join(f"{x / r['seconds_per_step']['step']:.1%}" for x, r in zip(rest, results.values())) + " |")
-    rew = [sum(r["seconds_per_step"].get(n, 0.0) for n in rewards) / r["seconds_per_step"]["step"] for r in results.values()]
-    lines.append("| all rewards | " + " | ".join("" for _ in results) + " | " + " | ".join(f"**{x:.1%}**" for x in rew) + " |")
-    lines.append("| whole step | " + " | ".join(f"{r['seconds_per_step']['step']:.2f}" for r in results.values()) + " | "
-                 + " | ".join("100%" for _ in results) + " |")
+    rest = [
+        r["seconds_per_step"]["step"] - sum(r["seconds_per_step"].get(n, 0.0) for n in parts) for r in results.values()
+    ]
+    lines.append(
+        "| rest: policy/reference log-probs, loss, backward | "
+        + " | ".join(f"{x:.3f}" for x in rest)
+        + " | "
+        + " | ".join(f"{x / r['seconds_per_step']['step']:.1%}" for x, r in zip(rest, results.values()))
+        + " |"
+    )
+    rew = [
+        sum(r["seconds_per_step"].get(n, 0.0) for n in rewards) / r["seconds_per_step"]["step"]
+        for r in results.values()
+    ]
+    lines.append(
+        "| all rewards | " + " | ".join("" for _ in results) + " | " + " | ".join(f"**{x:.1%}**" for x in rew) + " |"
+    )
+    lines.append(
+        "| whole step | "
+        + " | ".join(f"{r['seconds_per_step']['step']:.2f}" for r in results.values())
+        + " | "
+        + " | ".join("100%" for _ in results)
+        + " |"
+    )
     return "\n".join(lines)
 
 
@@ -105,22 +146,62 @@ def run(args) -> None:
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     sft = out / "sft"
     if not (sft / "tider_locator.json").exists():
-        subprocess.run([sys.executable, "-m", "tider.cli", "sft", "--config", str(REPO / "configs/sft/tiny-cpu.yaml"),
-                        "--model_name_or_path", str(out / "base"), "--output_dir", str(sft), "--max_steps", str(args.sft_steps),
-                        "--completion_only_loss", "true", "--tiny_structured_date_init", "false", *DATA],
-                       check=True, cwd=REPO, env=env)
-    variants = {"transformers": ["--use_vllm", "false"], "vllm-colocate": ["--use_vllm", "true", "--vllm_mode", "colocate"]}
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tider.cli",
+                "sft",
+                "--config",
+                str(REPO / "configs/sft/tiny-cpu.yaml"),
+                "--model_name_or_path",
+                str(out / "base"),
+                "--output_dir",
+                str(sft),
+                "--max_steps",
+                str(args.sft_steps),
+                "--completion_only_loss",
+                "true",
+                "--tiny_structured_date_init",
+                "false",
+                *DATA,
+            ],
+            check=True,
+            cwd=REPO,
+            env=env,
+        )
+    variants = {
+        "transformers": ["--use_vllm", "false"],
+        "vllm-colocate": ["--use_vllm", "true", "--vllm_mode", "colocate"],
+    }
     results = {}
     for name, flags in variants.items():
         raw_path = out / f"{name}.json"
-        grpo = ["--config", str(REPO / "configs/grpo/tiny-cpu.yaml"), "--model_name_or_path", str(sft),
-                "--output_dir", str(out / f"grpo-{name}"), "--max_steps", str(args.steps + 1), *DATA, *flags]
+        grpo = [
+            "--config",
+            str(REPO / "configs/grpo/tiny-cpu.yaml"),
+            "--model_name_or_path",
+            str(sft),
+            "--output_dir",
+            str(out / f"grpo-{name}"),
+            "--max_steps",
+            str(args.steps + 1),
+            *DATA,
+            *flags,
+        ]
         t0 = time.monotonic()
-        subprocess.run([sys.executable, __file__, "--worker", str(raw_path), "--", *grpo], check=True, cwd=REPO, env=env)
+        subprocess.run(
+            [sys.executable, __file__, "--worker", str(raw_path), "--", *grpo], check=True, cwd=REPO, env=env
+        )
         results[name] = {**summarize(json.loads(raw_path.read_text())), "wall_s": round(time.monotonic() - t0, 1)}
     report = {"hardware": hardware.describe(), "load_average": os.getloadavg(), "steps": args.steps, "results": results}
     (out / "profile.json").write_text(json.dumps(report, indent=2))
@@ -130,7 +211,9 @@ def run(args) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=6, help="measured GRPO steps per variant (one warm-up step more runs)")
+    parser.add_argument(
+        "--steps", type=int, default=6, help="measured GRPO steps per variant (one warm-up step more runs)"
+    )
     parser.add_argument("--sft-steps", type=int, default=80)
     parser.add_argument("--out", default="runs/bench_grpo_profile")
     parser.add_argument("--report", action="store_true", help="print the table of an existing OUT/profile.json")

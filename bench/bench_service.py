@@ -55,8 +55,12 @@ def main() -> None:
     headers = {"Authorization": f"Bearer {token}"}
     root = tempfile.mkdtemp(prefix="tider-bench-service-")
     env = {**os.environ, "TIDER_API_KEY": token, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "tider.cli", "memory", "serve", "--path", root, "--port", str(port)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tider.cli", "memory", "serve", "--path", root, "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -68,12 +72,27 @@ def main() -> None:
         with httpx.Client(headers=headers, timeout=60) as client:
             t0 = time.perf_counter()
             for i in range(0, len(memory), 200):
-                batch = [{"key": m.key, "text": m.text, "timestamp": m.timestamp.isoformat(), "speaker": m.speaker,
-                          "session": m.session} for m in memory.messages[i:i + 200]]
+                batch = [
+                    {
+                        "key": m.key,
+                        "text": m.text,
+                        "timestamp": m.timestamp.isoformat(),
+                        "speaker": m.speaker,
+                        "session": m.session,
+                    }
+                    for m in memory.messages[i : i + 200]
+                ]
                 client.post(f"{url}/memories/{key}/messages", json={"messages": batch}).raise_for_status()
             add_s = time.perf_counter() - t0
-            bodies = [{"text": questions[i % len(questions)].text, "asked_at": questions[i % len(questions)].asked_at.isoformat(),
-                       "k": 20, "windows": "timeline" if i % 2 else "none"} for i in range(args.requests)]
+            bodies = [
+                {
+                    "text": questions[i % len(questions)].text,
+                    "asked_at": questions[i % len(questions)].asked_at.isoformat(),
+                    "k": 20,
+                    "windows": "timeline" if i % 2 else "none",
+                }
+                for i in range(args.requests)
+            ]
             for body in bodies[:2]:  # warm: BM25 and the timeline are built on the first search that needs them
                 client.post(f"{url}/memories/{key}/search", json=body).raise_for_status()
             deadline = time.perf_counter() + args.max_seconds
@@ -93,11 +112,20 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=60)
     lat = np.array([ms for _, ms in results])
-    out = {"hardware": hardware(), "server": "uvicorn, one process, FastAPI thread pool", "memory_messages": len(memory),
-           "add_s": round(add_s, 2), "requests": len(results), "concurrency": args.concurrency,
-           "non_200": sum(s != 200 for s, _ in results), "throughput_rps": round(len(results) / wall, 1),
-           "p50_ms": round(float(np.percentile(lat, 50)), 2), "p95_ms": round(float(np.percentile(lat, 95)), 2),
-           "p99_ms": round(float(np.percentile(lat, 99)), 2), "load_1min": load()}
+    out = {
+        "hardware": hardware(),
+        "server": "uvicorn, one process, FastAPI thread pool",
+        "memory_messages": len(memory),
+        "add_s": round(add_s, 2),
+        "requests": len(results),
+        "concurrency": args.concurrency,
+        "non_200": sum(s != 200 for s, _ in results),
+        "throughput_rps": round(len(results) / wall, 1),
+        "p50_ms": round(float(np.percentile(lat, 50)), 2),
+        "p95_ms": round(float(np.percentile(lat, 95)), 2),
+        "p99_ms": round(float(np.percentile(lat, 99)), 2),
+        "load_1min": load(),
+    }
     print(json.dumps(out, indent=1))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

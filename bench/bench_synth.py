@@ -26,7 +26,19 @@ def digest(root: Path) -> dict[str, str]:
 
 
 def run_once(out: Path, messages: int, seed: int) -> float:
-    command = [sys.executable, "-m", "tider.cli", "data", "synth", "--out", str(out), "--messages", str(messages), "--seed", str(seed)]
+    command = [
+        sys.executable,
+        "-m",
+        "tider.cli",
+        "data",
+        "synth",
+        "--out",
+        str(out),
+        "--messages",
+        str(messages),
+        "--seed",
+        str(seed),
+    ]
     start = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True, text=True)
     return time.perf_counter() - start
@@ -43,13 +55,23 @@ def main() -> int:
         for name in ("run1", "run2"):
             out = Path(tmp) / name
             seconds = run_once(out, args.messages, args.seed)
-            runs.append({"seconds": round(seconds, 2), "bytes": sum(p.stat().st_size for p in out.iterdir()), "sha256": digest(out)})
+            runs.append(
+                {
+                    "seconds": round(seconds, 2),
+                    "bytes": sum(p.stat().st_size for p in out.iterdir()),
+                    "sha256": digest(out),
+                }
+            )
         queries = sum(1 for _ in (Path(tmp) / "run1" / "queries.jsonl").open())
     identical = runs[0]["sha256"] == runs[1]["sha256"]
     report = {
-        "messages": args.messages, "seed": args.seed, "queries": queries,
-        "seconds": [r["seconds"] for r in runs], "output_bytes": runs[0]["bytes"],
-        "byte_identical": identical, "cpu": platform.processor() or platform.machine(),
+        "messages": args.messages,
+        "seed": args.seed,
+        "queries": queries,
+        "seconds": [r["seconds"] for r in runs],
+        "output_bytes": runs[0]["bytes"],
+        "byte_identical": identical,
+        "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
     }
     print(json.dumps(report, indent=2))

@@ -51,31 +51,59 @@ def main() -> None:
 
     baseline = quick_eval(store, make_source("none"), queries)
     rows = []
-    grid = itertools.product([0.5, 1.0, 3.0, 7.0], [None, 1, 2, 3], [0.0, PAPER.pad_days, 1.0], [PAPER.delta_days, 1.0],
-                             [PAPER.mu_per_day, 0.25])
+    grid = itertools.product(
+        [0.5, 1.0, 3.0, 7.0],
+        [None, 1, 2, 3],
+        [0.0, PAPER.pad_days, 1.0],
+        [PAPER.delta_days, 1.0],
+        [PAPER.mu_per_day, 0.25],
+    )
     for eps, max_w, pad, delta, mu in tqdm(list(grid), desc="dbscan grid"):
         cfg = replace(PAPER, eps_days=eps, max_windows=max_w, pad_days=pad, delta_days=delta, mu_per_day=mu)
         agg = quick_eval(store, DBSCANWindows(store, cfg, "sweep"), queries)
-        rows.append({"config": asdict(cfg), "recall@20": agg["recall@20"], "hit_all@20": agg["hit_all@20"],
-                     "windows_per_query": agg["windows_per_query"], "temporal_rate": agg["temporal_rate"]})
+        rows.append(
+            {
+                "config": asdict(cfg),
+                "recall@20": agg["recall@20"],
+                "hit_all@20": agg["hit_all@20"],
+                "windows_per_query": agg["windows_per_query"],
+                "temporal_rate": agg["temporal_rate"],
+            }
+        )
     rows.sort(key=lambda r: (-r["recall@20"], -r["hit_all@20"]))
     firing = [r for r in rows if r["temporal_rate"] >= args.min_temporal_rate]
 
     timeline_rows = []
     for theta in (0.85, 0.5, 0.35, 0.2):
-        tstore = MemoryCollection(dataset.memories, replace(store.config, timeline=replace(store.config.timeline, theta_sem=theta)),
-                                embedder=store.embedder)
+        tstore = MemoryCollection(
+            dataset.memories,
+            replace(store.config, timeline=replace(store.config.timeline, theta_sem=theta)),
+            embedder=store.embedder,
+        )
         sizes = [len(tstore.timeline(k)) for k in tune_keys]
         for top_m in (1, 3, 5, 10):
             agg = quick_eval(tstore, make_source("timeline", top_m=top_m), queries)
-            timeline_rows.append({"theta_sem": theta, "entries_per_memory": sum(sizes) / len(sizes), "top_m": top_m,
-                                  "recall@20": agg["recall@20"], "hit_all@20": agg["hit_all@20"]})
+            timeline_rows.append(
+                {
+                    "theta_sem": theta,
+                    "entries_per_memory": sum(sizes) / len(sizes),
+                    "top_m": top_m,
+                    "recall@20": agg["recall@20"],
+                    "hit_all@20": agg["hit_all@20"],
+                }
+            )
     timeline_rows.sort(key=lambda r: (-r["recall@20"], -r["hit_all@20"]))
-    result = {"tune_memories": tune_keys, "held_out": splits["test"], "n_queries": len(queries),
-              "none": {"recall@20": baseline["recall@20"], "hit_all@20": baseline["hit_all@20"]},
-              "paper": next(r for r in rows if r["config"] == asdict(PAPER)), "best": firing[0] if firing else None,
-              "best_unconstrained": rows[0], "top10": firing[:10],
-              "timeline": timeline_rows}
+    result = {
+        "tune_memories": tune_keys,
+        "held_out": splits["test"],
+        "n_queries": len(queries),
+        "none": {"recall@20": baseline["recall@20"], "hit_all@20": baseline["hit_all@20"]},
+        "paper": next(r for r in rows if r["config"] == asdict(PAPER)),
+        "best": firing[0] if firing else None,
+        "best_unconstrained": rows[0],
+        "top10": firing[:10],
+        "timeline": timeline_rows,
+    }
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({**result, "all": rows}, f, indent=2)

@@ -21,8 +21,14 @@ from dataclasses import replace
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-SETTINGS = [(0.85, "max"), (0.85, "centroid"), (0.6, "centroid"), (0.5, "centroid"), (0.35, "centroid"),
-            (0.25, "centroid")]
+SETTINGS = [
+    (0.85, "max"),
+    (0.85, "centroid"),
+    (0.6, "centroid"),
+    (0.5, "centroid"),
+    (0.35, "centroid"),
+    (0.25, "centroid"),
+]
 
 
 def main() -> None:
@@ -41,17 +47,28 @@ def main() -> None:
     dataset = load_dataset(args.dataset, args.path)
     config = RetrievalConfig()
     embedder = Embedder(config.embedding_model, config.embedding_cache_dir)
-    embeddings = {k: embedder.encode([embedding_text(m, config.embed_template) for m in memory])
-                  for k, memory in dataset.memories.items()}
+    embeddings = {
+        k: embedder.encode([embedding_text(m, config.embed_template) for m in memory])
+        for k, memory in dataset.memories.items()
+    }
     rows = []
     for theta, similarity in SETTINGS:
         timeline_config = replace(config.timeline, theta_sem=theta, similarity=similarity)
-        sizes = [len(build_timeline(memory, embedder, timeline_config, embeddings=embeddings[k]))
-                 for k, memory in dataset.memories.items()]
+        sizes = [
+            len(build_timeline(memory, embedder, timeline_config, embeddings=embeddings[k]))
+            for k, memory in dataset.memories.items()
+        ]
         messages = sum(len(m) for m in dataset.memories.values())
-        rows.append({"theta_sem": theta, "similarity": similarity, "entries": sum(sizes),
-                     "entries_per_memory": sum(sizes) / len(sizes), "members_per_entry": messages / sum(sizes),
-                     "memories_within_top_k": sum(n <= args.top_k for n in sizes) / len(sizes)})
+        rows.append(
+            {
+                "theta_sem": theta,
+                "similarity": similarity,
+                "entries": sum(sizes),
+                "entries_per_memory": sum(sizes) / len(sizes),
+                "members_per_entry": messages / sum(sizes),
+                "memories_within_top_k": sum(n <= args.top_k for n in sizes) / len(sizes),
+            }
+        )
         print(json.dumps(rows[-1]))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:

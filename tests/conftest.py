@@ -12,14 +12,14 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 _TINY_CORPUS = [
-    'Alice went to the book club on 2023-05-07 and felt inspired.',
-    'Bob repainted the office kitchen last year.',
+    "Alice went to the book club on 2023-05-07 and felt inspired.",
+    "Bob repainted the office kitchen last year.",
     '{"temporal": true, "windows": [{"start": "2023-05-01", "end": "2023-05-08"}]}',
     '{"temporal": false, "windows": []}',
     '{"key": [1, 2], "support": [3]}',
     '{"relation": "UPDATE", "confidence": 0.8}',
-    'Answer the question using the context. Final: Correct Final: Incorrect',
-    'When did Alice move to Lisbon? She moved two years ago.',
+    "Answer the question using the context. Final: Correct Final: Incorrect",
+    "When did Alice move to Lisbon? She moved two years ago.",
 ]
 
 
@@ -32,8 +32,15 @@ def tiny_qwen3_dir(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("tiny-qwen3")
     return build_tiny_qwen3(
-        out, _TINY_CORPUS * 20, vocab_size=600, date_tokens=iso_dates(date(2023, 1, 1), date(2023, 12, 31)),
-        hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
+        out,
+        _TINY_CORPUS * 20,
+        vocab_size=600,
+        date_tokens=iso_dates(date(2023, 1, 1), date(2023, 12, 31)),
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=128,
     )
 
 
@@ -46,8 +53,12 @@ def vllm_server(tiny_qwen3_dir, tmp_path_factory):
         pytest.skip("vLLM is not installed (scripts/setup.sh installs it)")
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     server = VLLMServer(
-        str(tiny_qwen3_dir), served_model_name="tiny-qwen3", max_model_len=4096, log_path=log,
-        startup_timeout=240, extra_args=("--dtype", "bfloat16", "--max-num-seqs", "8"),
+        str(tiny_qwen3_dir),
+        served_model_name="tiny-qwen3",
+        max_model_len=4096,
+        log_path=log,
+        startup_timeout=240,
+        extra_args=("--dtype", "bfloat16", "--max-num-seqs", "8"),
     )
     with server:
         yield server
@@ -69,20 +80,47 @@ def write_fixed_window_data(out):
     out.mkdir(parents=True, exist_ok=True)
     topics = ["the venue", "the budget", "the launch date", "the hiring plan", "the offsite menu"]
     messages, queries = [], []
-    for memory, start in (("alpha", datetime(2023, 1, 2)), ("beta", datetime(2023, 1, 4)), ("gamma", datetime(2023, 1, 6))):
+    for memory, start in (
+        ("alpha", datetime(2023, 1, 2)),
+        ("beta", datetime(2023, 1, 4)),
+        ("gamma", datetime(2023, 1, 6)),
+    ):
         for d in range(0, 150, 2):
             day = start + timedelta(days=d, hours=10)
             for j, topic in enumerate(topics):
-                messages.append({"memory": memory, "key": f"{memory}-{day:%m%d}-{j}", "text": f"we decided {topic} today",
-                                 "timestamp": day.isoformat(), "speaker": ["ann", "bo"][j % 2]})
+                messages.append(
+                    {
+                        "memory": memory,
+                        "key": f"{memory}-{day:%m%d}-{j}",
+                        "text": f"we decided {topic} today",
+                        "timestamp": day.isoformat(),
+                        "speaker": ["ann", "bo"][j % 2],
+                    }
+                )
         for j, topic in enumerate(topics):
             evidence = f"{memory}-ev-{j}"
-            messages.append({"memory": memory, "key": evidence, "text": f"we decided {topic} today",
-                             "timestamp": f"{DECIDED_ON}T15:00:00", "speaker": "ann"})
+            messages.append(
+                {
+                    "memory": memory,
+                    "key": evidence,
+                    "text": f"we decided {topic} today",
+                    "timestamp": f"{DECIDED_ON}T15:00:00",
+                    "speaker": "ann",
+                }
+            )
             for r, phrase in enumerate(("What did we decide about {t} in mid March?", "When did we settle {t}?")):
-                queries.append({"key": f"{memory}-q{j}-{r}", "memory": memory, "text": phrase.format(t=topic),
-                                "asked_at": "2023-11-01T09:00:00", "user": "bo", "category": "absolute",
-                                "answer": "decided", "evidence": [evidence]})
+                queries.append(
+                    {
+                        "key": f"{memory}-q{j}-{r}",
+                        "memory": memory,
+                        "text": phrase.format(t=topic),
+                        "asked_at": "2023-11-01T09:00:00",
+                        "user": "bo",
+                        "category": "absolute",
+                        "answer": "decided",
+                        "evidence": [evidence],
+                    }
+                )
     (out / "messages.jsonl").write_text("".join(json.dumps(m) + "\n" for m in messages))
     (out / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
     return out
@@ -100,16 +138,57 @@ def fixed_window_locator(tmp_path_factory):
     work = tmp_path_factory.mktemp("fixed-window-locator")
     data = write_fixed_window_data(work / "data")
     recipe = Path(__file__).resolve().parents[1] / "configs" / "sft" / "tiny-cpu.yaml"
-    args = ["sft", "--config", str(recipe), "--dataset_name", "jsonl", "--dataset_path", str(data),
-            "--model_name_or_path", str(work / "base"), "--output_dir", str(work / "sft"), "--max_steps", "100",
-            "--learning_rate", "1e-2", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
-            "--tiny_hidden_size", "64", "--tiny_num_layers", "2", "--tiny_num_heads", "2", "--tiny_vocab_size", "512",
-            "--tiny_structured_date_init", "false", "--prompt_lines", "2", "--max_prompt_tokens", "256",
-            # spelled dates: every target is then the same text (a pointer target names a
-            # line, whose number differs from prompt to prompt)
-            "--prompt_pointers", "false",
-            "--max_length", "320", "--completion_only_loss", "true", "--report_to", "none", "--save_strategy", "no",
-            # float32: CPUs without native bf16 run bf16 matmuls many times slower
-            "--bf16", "false", "--dtype", "float32"]
+    args = [
+        "sft",
+        "--config",
+        str(recipe),
+        "--dataset_name",
+        "jsonl",
+        "--dataset_path",
+        str(data),
+        "--model_name_or_path",
+        str(work / "base"),
+        "--output_dir",
+        str(work / "sft"),
+        "--max_steps",
+        "100",
+        "--learning_rate",
+        "1e-2",
+        "--lr_scheduler_type",
+        "constant",
+        "--warmup_steps",
+        "0",
+        "--tiny_hidden_size",
+        "64",
+        "--tiny_num_layers",
+        "2",
+        "--tiny_num_heads",
+        "2",
+        "--tiny_vocab_size",
+        "512",
+        "--tiny_structured_date_init",
+        "false",
+        "--prompt_lines",
+        "2",
+        "--max_prompt_tokens",
+        "256",
+        # spelled dates: every target is then the same text (a pointer target names a
+        # line, whose number differs from prompt to prompt)
+        "--prompt_pointers",
+        "false",
+        "--max_length",
+        "320",
+        "--completion_only_loss",
+        "true",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        # float32: CPUs without native bf16 run bf16 matmuls many times slower
+        "--bf16",
+        "false",
+        "--dtype",
+        "float32",
+    ]
     assert main(args) == 0
     return data, work / "sft"

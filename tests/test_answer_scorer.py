@@ -41,8 +41,11 @@ def reader(tiny_qwen3_dir):
     from tider.llm.backends import LocalHFBackend
     from tider.llm.client import LLMClient
 
-    return LLMClient(LocalHFBackend(str(tiny_qwen3_dir), chat_template_kwargs={"enable_thinking": False}),
-                     max_retries=0, default_max_tokens=16)
+    return LLMClient(
+        LocalHFBackend(str(tiny_qwen3_dir), chat_template_kwargs={"enable_thinking": False}),
+        max_retries=0,
+        default_max_tokens=16,
+    )
 
 
 def test_answer_correct_reward_scores_with_the_evaluation_f1(world, reader, spy):
@@ -52,9 +55,18 @@ def test_answer_correct_reward_scores_with_the_evaluation_f1(world, reader, spy)
     q = next(q for q in ds.queries if q.gold.temporal and q.gold.answer)
     completion = [{"role": "assistant", "content": '{"temporal": false, "windows": []}'}]
     [reward] = make_rewards(["answer_correct"], RewardContext(dataset=ds, store=store, reader=reader))
-    out = reward(prompts=[[]], completions=[completion], completion_ids=[[1]], query_key=[q.key],
-                 memory_key=[q.memory_key], answer=[q.gold.answer], gold_windows=[[]], gold_temporal=[True],
-                 granularity=["day"], evidence_ids=[list(q.gold.evidence_ids)])
+    out = reward(
+        prompts=[[]],
+        completions=[completion],
+        completion_ids=[[1]],
+        query_key=[q.key],
+        memory_key=[q.memory_key],
+        answer=[q.gold.answer],
+        gold_windows=[[]],
+        gold_temporal=[True],
+        granularity=["day"],
+        evidence_ids=[list(q.gold.evidence_ids)],
+    )
     assert out == [SENTINEL]
     assert len(spy) == 1 and spy[0][1:] == (q.gold.answer, q.category)
 
@@ -64,8 +76,16 @@ def test_qa_evaluation_scores_with_the_same_f1(world, reader, spy, tmp_path):
     from tider.eval.runner import read_records
 
     ds, _ = world
-    config = QAConfig(windows=("none",), contexts=("flat",), k=4, budget=60, selection=False, limit=2,
-                      answer_max_tokens=6, judge_max_tokens=4)
+    config = QAConfig(
+        windows=("none",),
+        contexts=("flat",),
+        k=4,
+        budget=60,
+        selection=False,
+        limit=2,
+        answer_max_tokens=6,
+        judge_max_tokens=4,
+    )
     run_qa_eval(ds, config, tmp_path, reader, reader, progress=False)
     judged = [row["record"] for row in read_records(tmp_path / "judge-none-flat.jsonl").values()]
     answers = {k: row["record"]["answer"] for k, row in read_records(tmp_path / "answer-none-flat.jsonl").items()}

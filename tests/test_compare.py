@@ -14,8 +14,15 @@ from tider.eval.report import build_report
 
 
 def _record(ids, gold, ks, iou=0.0, switch=1.0):
-    r = {"category": "c", "bucket": "1", "gold_temporal": True, "pred_temporal": True, "n_windows": 1,
-         "iou": iou, "switch": switch}
+    r = {
+        "category": "c",
+        "bucket": "1",
+        "gold_temporal": True,
+        "pred_temporal": True,
+        "n_windows": 1,
+        "iou": iou,
+        "switch": switch,
+    }
     r.update(query_metrics(ids, gold, ks))
     return r
 
@@ -25,8 +32,10 @@ def test_oracle_gap_and_mcnemar_orientation():
     gold = {f"q{i}": [i] for i in range(6)}
     # none finds 1 of 6 at k=1; locator finds 4 (incl. none's); oracle finds all 6.
     found = {"none": {0}, "locator": {0, 1, 2, 3}, "oracle": set(range(6))}
-    records = {m: {q: _record([g[0]] if int(q[1:]) in hit else [99], g, ks) for q, g in gold.items()}
-               for m, hit in found.items()}
+    records = {
+        m: {q: _record([g[0]] if int(q[1:]) in hit else [99], g, ks) for q, g in gold.items()}
+        for m, hit in found.items()
+    }
     report = build_report(records, ks, mcnemar_k=1)
     comparison = build_comparison(report, CompareConfig(baselines=["none"], source_options={"locator": {"url": "x"}}))
     assert comparison["table"]["locator"]["recall@1"] == pytest.approx(4 / 6)
@@ -68,9 +77,25 @@ def test_compare_cli_end_to_end_and_resume(tiny_qwen3_dir, synthetic_dir, tmp_pa
     from tider.cli import main
 
     out = tmp_path / "cmp"
-    argv = ["eval", "compare", "--dataset", "synthetic", "--path", str(synthetic_dir), "--out", str(out),
-            "--split", "all", "--limit", "8", "--k", "5,20", "--locator-model", str(tiny_qwen3_dir),
-            "--locator-allow-unknown-settings"]
+    argv = [
+        "eval",
+        "compare",
+        "--dataset",
+        "synthetic",
+        "--path",
+        str(synthetic_dir),
+        "--out",
+        str(out),
+        "--split",
+        "all",
+        "--limit",
+        "8",
+        "--k",
+        "5,20",
+        "--locator-model",
+        str(tiny_qwen3_dir),
+        "--locator-allow-unknown-settings",
+    ]
     assert main(argv) == 0
     comparison = json.loads((out / "compare.json").read_text())
     assert comparison["methods"] == ["none", "rules", "dbscan-paper", "dbscan-tuned", "timeline", "locator", "oracle"]
@@ -111,8 +136,29 @@ def test_compare_with_a_locator_whose_predictions_parse(fixed_window_locator, tm
 
     data, checkpoint = fixed_window_locator
     out = tmp_path / "cmp"
-    assert main(["eval", "compare", "--dataset", "jsonl", "--path", str(data), "--out", str(out), "--split", "all",
-                 "--k", "5,20", "--baselines", "none,timeline", "--locator-model", str(checkpoint)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "compare",
+                "--dataset",
+                "jsonl",
+                "--path",
+                str(data),
+                "--out",
+                str(out),
+                "--split",
+                "all",
+                "--k",
+                "5,20",
+                "--baselines",
+                "none,timeline",
+                "--locator-model",
+                str(checkpoint),
+            ]
+        )
+        == 0
+    )
     comparison = json.loads((out / "compare.json").read_text())
     table = comparison["table"]
     assert table["locator"]["parse_fail"] == 0.0 and comparison["n_queries"] == 30
@@ -121,4 +167,3 @@ def test_compare_with_a_locator_whose_predictions_parse(fixed_window_locator, tm
     mcnemar = comparison["mcnemar"]["locator_vs"]["none"]
     assert mcnemar["b"] > 0 and mcnemar["c"] == 0 and mcnemar["p"] < 0.05
     assert comparison["oracle_gap"]["recall@20"]["captured"] == pytest.approx(1.0)
-

@@ -8,7 +8,15 @@ import pytest
 from tider.cli import main
 
 DEV = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "locomo" / "locomo_dev.json"
-STATS_KEYS = {"conversations", "sessions", "messages", "queries", "by_category", "by_window_bucket", "unresolved_evidence"}
+STATS_KEYS = {
+    "conversations",
+    "sessions",
+    "messages",
+    "queries",
+    "by_category",
+    "by_window_bucket",
+    "unresolved_evidence",
+}
 
 
 def test_synth_then_stats_json(tmp_path, capsys):
@@ -32,8 +40,11 @@ def test_stats_table_for_the_embedded_default(capsys):
 def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path):
     bad = tmp_path / "locomo.json"
     bad.write_text('[{"qa": [], "conversation": {"session_1": [')
-    result = subprocess.run([sys.executable, "-m", "tider.cli", "data", "stats", "--dataset", "locomo", "--path", str(bad)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "tider.cli", "data", "stats", "--dataset", "locomo", "--path", str(bad)],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode != 0
     assert f"{bad}: line 1 column" in result.stderr and "invalid JSON" in result.stderr
     assert "Traceback" not in result.stderr

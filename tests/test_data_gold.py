@@ -65,8 +65,11 @@ def test_gold_window_selects_every_message_of_its_days():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(min_value=0, max_value=400 * 24 * 60), min_size=1, max_size=30),
-       st.sampled_from(["day", "minute"]), st.integers(min_value=0, max_value=5))
+@given(
+    st.lists(st.integers(min_value=0, max_value=400 * 24 * 60), min_size=1, max_size=30),
+    st.sampled_from(["day", "minute"]),
+    st.integers(min_value=0, max_value=5),
+)
 def test_windows_cover_all_evidence_disjoint_and_sorted(minutes, granularity, gap_units):
     base = datetime(2022, 1, 1)
     stamps = [base + timedelta(minutes=m) for m in minutes]

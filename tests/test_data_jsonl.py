@@ -10,18 +10,54 @@ from tider.data.jsonl import MESSAGE_SCHEMA, QUERY_SCHEMA, write_jsonl
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "data" / "schema"
 
 MESSAGES = [
-    {"memory": "team", "key": "m1", "text": "the offsite is in oslo", "timestamp": "2023-05-08T13:56:00", "speaker": "ann",
-     "channel": "#events", "topic": "offsite", "phase": "report", "stage": 0},
+    {
+        "memory": "team",
+        "key": "m1",
+        "text": "the offsite is in oslo",
+        "timestamp": "2023-05-08T13:56:00",
+        "speaker": "ann",
+        "channel": "#events",
+        "topic": "offsite",
+        "phase": "report",
+        "stage": 0,
+    },
     {"memory": "team", "key": "m0", "text": "hello", "timestamp": "2023-05-08T09:00:00", "speaker": "bo"},
-    {"memory": "team", "key": "m2", "text": "my pet is a cat", "timestamp": "2023-06-01T10:00:00+02:00", "speaker": "bo",
-     "session": "june"},
-    {"memory": "other", "key": "m1", "text": "same key, other memory", "timestamp": "2023-01-01T00:00:00", "speaker": "cy"},
+    {
+        "memory": "team",
+        "key": "m2",
+        "text": "my pet is a cat",
+        "timestamp": "2023-06-01T10:00:00+02:00",
+        "speaker": "bo",
+        "session": "june",
+    },
+    {
+        "memory": "other",
+        "key": "m1",
+        "text": "same key, other memory",
+        "timestamp": "2023-01-01T00:00:00",
+        "speaker": "cy",
+    },
 ]
 QUERIES = [
-    {"key": "q1", "memory": "team", "text": "Where was the offsite on 2023-05-08?", "asked_at": "2023-07-01T09:00:00",
-     "user": "bo", "category": "absolute", "answer": "oslo", "evidence": ["m1", "m9"]},
-    {"key": "q2", "memory": "team", "text": "What is bo's pet?", "asked_at": "2023-07-01T09:00:00", "answer": 7,
-     "evidence": ["m2"], "temporal": False},
+    {
+        "key": "q1",
+        "memory": "team",
+        "text": "Where was the offsite on 2023-05-08?",
+        "asked_at": "2023-07-01T09:00:00",
+        "user": "bo",
+        "category": "absolute",
+        "answer": "oslo",
+        "evidence": ["m1", "m9"],
+    },
+    {
+        "key": "q2",
+        "memory": "team",
+        "text": "What is bo's pet?",
+        "asked_at": "2023-07-01T09:00:00",
+        "answer": 7,
+        "evidence": ["m2"],
+        "temporal": False,
+    },
 ]
 
 
@@ -63,7 +99,11 @@ def test_roundtrip_is_lossless_and_byte_identical(tmp_path):
     "queries, record, problem",
     [
         ([QUERIES[0], '{"key": "q3", "memory": "team"'], "queries.jsonl: line 2", "invalid JSON"),
-        ([{k: v for k, v in QUERIES[0].items() if k != "asked_at"}], "queries.jsonl: line 1", "'asked_at' is a required property"),
+        (
+            [{k: v for k, v in QUERIES[0].items() if k != "asked_at"}],
+            "queries.jsonl: line 1",
+            "'asked_at' is a required property",
+        ),
         ([{**QUERIES[0], "asked_at": "the day after"}], "queries.jsonl: line 1 (asked_at)", "unparseable timestamp"),
         ([{**QUERIES[0], "evidence": "m1"}], "queries.jsonl: line 1", "evidence: 'm1' is not of type 'array'"),
         ([{**QUERIES[0], "memory": "nobody"}], "queries.jsonl: line 1", "unknown memory 'nobody'"),

@@ -38,7 +38,12 @@ def conversation():
             {"question": "What year?", "answer": 2023, "evidence": ["D1:1; D9:2"], "category": 1},
             {"question": "Spaces?", "answer": "x", "evidence": ["D1:2 D9:1"], "category": 4},
             {"question": "Broken refs?", "answer": "y", "evidence": ["D", "D:9:1", "D7:7"], "category": 3},
-            {"question": "Did Bo sing?", "adversarial_answer": "yes, at the choir", "evidence": ["D1:2"], "category": 5},
+            {
+                "question": "Did Bo sing?",
+                "adversarial_answer": "yes, at the choir",
+                "evidence": ["D1:2"],
+                "category": 5,
+            },
             {"question": "No evidence?", "answer": "z", "evidence": [], "category": 4},
         ],
     }
@@ -100,16 +105,19 @@ def quirk_conversation(evidence):
     }
 
 
-@pytest.mark.parametrize("evidence, resolved, quirk", [
-    (["D12:3-D12:5"], ["D12:3", "D12:4", "D12:5"], "range"),
-    (["D12:2 - D12:3"], ["D12:2", "D12:3"], "range"),
-    (["D13:2-4"], ["D13:2", "D13:3", "D13:4"], "range"),
-    (["D12:3."], ["D12:3"], "trailing_punctuation"),
-    (["D13:5;"], ["D13:5"], None),  # a separator, not a quirk
-    (["(D12:1)"], ["D12:1"], "trailing_punctuation"),
-    (["D12:4:D13:1"], ["D12:4", "D13:1"], "joined_refs"),
-    (["D:12:2"], ["D12:2"], "repaired_colon"),
-])
+@pytest.mark.parametrize(
+    "evidence, resolved, quirk",
+    [
+        (["D12:3-D12:5"], ["D12:3", "D12:4", "D12:5"], "range"),
+        (["D12:2 - D12:3"], ["D12:2", "D12:3"], "range"),
+        (["D13:2-4"], ["D13:2", "D13:3", "D13:4"], "range"),
+        (["D12:3."], ["D12:3"], "trailing_punctuation"),
+        (["D13:5;"], ["D13:5"], None),  # a separator, not a quirk
+        (["(D12:1)"], ["D12:1"], "trailing_punctuation"),
+        (["D12:4:D13:1"], ["D12:4", "D13:1"], "joined_refs"),
+        (["D:12:2"], ["D12:2"], "repaired_colon"),
+    ],
+)
 def test_evidence_quirks_that_are_unambiguous_resolve(tmp_path, evidence, resolved, quirk):
     data = load_dataset("locomo", str(write(tmp_path, [quirk_conversation([evidence])])))
     memory, [q] = data.memories["conv-q"], data.queries
@@ -118,15 +126,18 @@ def test_evidence_quirks_that_are_unambiguous_resolve(tmp_path, evidence, resolv
     assert data.stats["evidence_quirks"] == ({quirk: 1} if quirk else {})
 
 
-@pytest.mark.parametrize("evidence, kind", [
-    (["14"], "bare_number"),
-    (["D12:4-D13:2"], "cross_dialogue_range"),
-    (["D12:5-D12:3"], "cross_dialogue_range"),  # backwards: which turns were meant?
-    (["D12:4-D12:9"], "no_such_turn"),  # runs past the dialogue's last turn
-    (["D14:1"], "no_such_turn"),
-    (["D"], "malformed"),
-    (["see D12"], "malformed"),
-])
+@pytest.mark.parametrize(
+    "evidence, kind",
+    [
+        (["14"], "bare_number"),
+        (["D12:4-D13:2"], "cross_dialogue_range"),
+        (["D12:5-D12:3"], "cross_dialogue_range"),  # backwards: which turns were meant?
+        (["D12:4-D12:9"], "no_such_turn"),  # runs past the dialogue's last turn
+        (["D14:1"], "no_such_turn"),
+        (["D"], "malformed"),
+        (["see D12"], "malformed"),
+    ],
+)
 def test_ambiguous_evidence_is_dropped_and_counted_by_kind(tmp_path, evidence, kind):
     data = load_dataset("locomo", str(write(tmp_path, [quirk_conversation([evidence, ["D12:1"]])])))
     broken, fine = data.queries
@@ -158,7 +169,9 @@ def test_answers_categories_asked_at_and_gold_windows(fixture_dataset):
     assert adversarial.gold.adversarial_answer == "yes, at the choir"
     assert all(query.asked_at == datetime(2023, 12, 29, 22, 42, 4) and query.user is None for query in q.values())
     assert [w.to_json("day") for w in q["What year?"].gold.windows] == [
-        {"start": "2023-05-08", "end": "2023-05-08"}, {"start": "2023-12-29", "end": "2023-12-29"}]
+        {"start": "2023-05-08", "end": "2023-05-08"},
+        {"start": "2023-12-29", "end": "2023-12-29"},
+    ]
     assert q["No evidence?"].gold.temporal is False and q["No evidence?"].gold.windows == ()
     assert q["When did Ann join a choir?"].gold.temporal is True
     assert q["When did Ann join a choir?"].public().gold.evidence_ids == ()
@@ -173,10 +186,16 @@ def test_non_temporal_categories_option(tmp_path):
 @pytest.mark.parametrize(
     "mutate, record, problem",
     [
-        (lambda c: c["conversation"].__setitem__("session_1_date_time", "sometime in spring"),
-         "conv-x session_1_date_time", "unparseable timestamp"),
-        (lambda c: c["conversation"]["session_2"][1].__setitem__("date_time", "99.99.2023, 25:00:00"),
-         "conv-x session_2 turn 1 (D9:2) date_time", "unparseable timestamp"),
+        (
+            lambda c: c["conversation"].__setitem__("session_1_date_time", "sometime in spring"),
+            "conv-x session_1_date_time",
+            "unparseable timestamp",
+        ),
+        (
+            lambda c: c["conversation"]["session_2"][1].__setitem__("date_time", "99.99.2023, 25:00:00"),
+            "conv-x session_2 turn 1 (D9:2) date_time",
+            "unparseable timestamp",
+        ),
         (lambda c: c["conversation"]["session_1"][0].pop("dia_id"), "conv-x session_1 turn 0", "missing key 'dia_id'"),
         (lambda c: c["qa"][0].pop("question"), "conv-x qa[0]", "missing key 'question'"),
         (lambda c: c["qa"][0].pop("answer"), "conv-x qa[0]", "missing key 'answer'"),

@@ -19,8 +19,10 @@ def question(qid="q1", **overrides):
         # Sessions are not in time order in the file; s_c is later the same day as the question.
         "haystack_dates": ["2023/05/28 (Sun) 09:00", "2023/05/01 (Mon) 17:30", "2023/05/30 (Tue) 23:40"],
         "haystack_sessions": [
-            [{"role": "user", "content": "I walked in Riverside Park.", "has_answer": True},
-             {"role": "assistant", "content": "Sounds lovely."}],
+            [
+                {"role": "user", "content": "I walked in Riverside Park.", "has_answer": True},
+                {"role": "assistant", "content": "Sounds lovely."},
+            ],
             [{"role": "user", "content": "I like parks."}, {"role": "assistant", "content": "Me too."}],
             [{"role": "user", "content": "Riverside Park again tonight!", "has_answer": True}],
         ],
@@ -45,7 +47,9 @@ def test_one_memory_per_question_evidence_from_has_answer(tmp_path):
     assert query.asked_at == datetime(2023, 5, 30, 10, 40) and query.category == "temporal-reasoning"
     assert query.gold.evidence_ids == (memory.id_of("s_b:0"), memory.id_of("s_c:0"))
     assert [w.to_json("day") for w in query.gold.windows] == [
-        {"start": "2023-05-28", "end": "2023-05-28"}, {"start": "2023-05-30", "end": "2023-05-30"}]
+        {"start": "2023-05-28", "end": "2023-05-28"},
+        {"start": "2023-05-30", "end": "2023-05-30"},
+    ]
     # The same-day evidence after the question is kept and counted (once per question).
     assert data.stats["evidence_after_question"] == 2
     assert data.stats["abstention"] == 1
@@ -73,8 +77,11 @@ def test_minute_granularity_option(tmp_path):
     "overrides, record, problem",
     [
         ({"question_date": "Tuesday-ish"}, "question 0 (q1) question_date", "unparseable timestamp"),
-        ({"haystack_dates": ["2023/05/28 (Sun) 09:00", "never", "2023/05/30 (Tue) 23:40"]},
-         "question 0 (q1) session 1 (s_a) date", "unparseable timestamp"),
+        (
+            {"haystack_dates": ["2023/05/28 (Sun) 09:00", "never", "2023/05/30 (Tue) 23:40"]},
+            "question 0 (q1) session 1 (s_a) date",
+            "unparseable timestamp",
+        ),
         ({"haystack_dates": ["2023/05/28 (Sun) 09:00"]}, "question 0 (q1)", "haystack lengths differ"),
         ({"haystack_sessions": [[{"content": "x"}], [], []]}, "question 0 (q1) session 0 (s_b) turn 0", "'role'"),
     ],

@@ -38,8 +38,14 @@ def test_default_shape():
 
 
 def test_deterministic_by_seed(tmp_path):
-    a, b, c = generate(800, seed=5, n_conversations=2), generate(800, seed=5, n_conversations=2), generate(800, seed=6, n_conversations=2)
-    assert [(q.key, q.text, q.asked_at, q.gold) for q in a.queries] == [(q.key, q.text, q.asked_at, q.gold) for q in b.queries]
+    a, b, c = (
+        generate(800, seed=5, n_conversations=2),
+        generate(800, seed=5, n_conversations=2),
+        generate(800, seed=6, n_conversations=2),
+    )
+    assert [(q.key, q.text, q.asked_at, q.gold) for q in a.queries] == [
+        (q.key, q.text, q.asked_at, q.gold) for q in b.queries
+    ]
     assert [q.text for q in a.queries] != [q.text for q in c.queries]
     write(a, tmp_path / "a")
     write(b, tmp_path / "b")
@@ -52,8 +58,9 @@ def test_written_benchmark_loads_back_identically(tmp_path):
     write(original, tmp_path / "synth")
     loaded = load_dataset("synthetic", str(tmp_path / "synth"))
     assert loaded.name == "synthetic" and loaded.stats["query_types"] == original.stats["query_types"]
-    assert [(q.key, q.text, q.asked_at, q.user, q.category, q.gold) for q in loaded.queries] == \
-           [(q.key, q.text, q.asked_at, q.user, q.category, q.gold) for q in original.queries]
+    assert [(q.key, q.text, q.asked_at, q.user, q.category, q.gold) for q in loaded.queries] == [
+        (q.key, q.text, q.asked_at, q.user, q.category, q.gold) for q in original.queries
+    ]
     assert {k: list(m) for k, m in loaded.memories.items()} == {k: list(m) for k, m in original.memories.items()}
 
 
@@ -89,7 +96,9 @@ def _instance_days(memory, event: str) -> list:
 
 
 def _template_regex(template: str) -> re.Pattern:
-    return re.compile(re.escape(template).replace(re.escape("{e}"), "(?P<e>[a-z ]+?)").replace(re.escape("{m}"), "(?P<m>[a-z0-9 ]+)"))
+    return re.compile(
+        re.escape(template).replace(re.escape("{e}"), "(?P<e>[a-z ]+?)").replace(re.escape("{m}"), "(?P<m>[a-z0-9 ]+)")
+    )
 
 
 def test_every_phrasing_occurs(data):
@@ -125,12 +134,18 @@ def test_anchored_questions_name_exactly_one_instance(data):
         if q.category != "anchored":
             continue
         memory = data.memory_of(q)
-        for direction, templates in (("after", AFTER), ("before", BEFORE), ("week", ["the {e} in the week of the {m}"])):
+        for direction, templates in (
+            ("after", AFTER),
+            ("before", BEFORE),
+            ("week", ["the {e} in the week of the {m}"]),
+        ):
             match = next((r.search(q.text) for r in map(_template_regex, templates) if r.search(q.text)), None)
             if match:
                 break
         assert match, q.text
-        anchor = next(m.timestamp.date() for m in memory if m.text == f"big news: the {match.group('m')} happened today")
+        anchor = next(
+            m.timestamp.date() for m in memory if m.text == f"big news: the {match.group('m')} happened today"
+        )
         days = _instance_days(memory, _event(q.text))
         if direction == "after":
             expected = [d for d in days if d > anchor][0]
@@ -187,8 +202,11 @@ def test_distractors_are_near_identical_and_temporally_wrong(data):
         gold = memory[q.gold.evidence_ids[0]]
         assert template(gold.text) != gold.text
         # Same words but the detail, on days outside every gold window.
-        twins = [m for m in memory if template(m.text) == template(gold.text)
-                 and not any(w.contains(m.timestamp) for w in q.gold.windows)]
+        twins = [
+            m
+            for m in memory
+            if template(m.text) == template(gold.text) and not any(w.contains(m.timestamp) for w in q.gold.windows)
+        ]
         assert twins, q.text
 
 
@@ -230,5 +248,8 @@ def test_invariants_at_other_sizes(n_messages, n_conversations, seed):
         assert len({m.key for m in memory}) == len(memory)
     for q in data.queries:
         memory = data.memory_of(q)
-        assert all(any(w.contains(memory[i].timestamp) for w in q.gold.windows) for i in q.gold.evidence_ids) or not q.gold.temporal
+        assert (
+            all(any(w.contains(memory[i].timestamp) for w in q.gold.windows) for i in q.gold.evidence_ids)
+            or not q.gold.temporal
+        )
         assert q.user in {m.speaker for m in memory}

@@ -8,11 +8,37 @@ import json
 
 import pytest
 
-TOY = ["--synthetic-messages", "600", "--synthetic-conversations", "3", "--sft-steps", "20", "--grpo-steps", "1",
-       "--no-serve", "--limit", "6", "--from-scratch",
-       # to both TrlParser recipes:
-       "--tiny_hidden_size", "64", "--tiny_num_layers", "2", "--tiny_num_heads", "2", "--tiny_vocab_size", "1024",
-       "--prompt_lines", "4", "--max_prompt_tokens", "256", "--report_to", "none", "--save_strategy", "no"]
+TOY = [
+    "--synthetic-messages",
+    "600",
+    "--synthetic-conversations",
+    "3",
+    "--sft-steps",
+    "20",
+    "--grpo-steps",
+    "1",
+    "--no-serve",
+    "--limit",
+    "6",
+    "--from-scratch",
+    # to both TrlParser recipes:
+    "--tiny_hidden_size",
+    "64",
+    "--tiny_num_layers",
+    "2",
+    "--tiny_num_heads",
+    "2",
+    "--tiny_vocab_size",
+    "1024",
+    "--prompt_lines",
+    "4",
+    "--max_prompt_tokens",
+    "256",
+    "--report_to",
+    "none",
+    "--save_strategy",
+    "no",
+]
 
 
 @pytest.mark.slow

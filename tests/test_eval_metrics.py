@@ -8,8 +8,8 @@ from datetime import datetime
 import pytest
 
 from tider.eval.metrics import aggregate, query_metrics, switch_f1
-from tider.scoring import window_iou
 from tider.eval.stats import mcnemar_exact, pairwise_mcnemar
+from tider.scoring import window_iou
 from tider.types import Window
 
 
@@ -29,8 +29,15 @@ def test_query_metrics_hand_values():
 
 
 def test_aggregate_is_micro_over_evidence_units():
-    base = {"rr": 0.0, "iou": 1.0, "switch": 1.0, "pred_temporal": False, "gold_temporal": False, "n_windows": 0,
-            "ndcg@2": 0.0}
+    base = {
+        "rr": 0.0,
+        "iou": 1.0,
+        "switch": 1.0,
+        "pred_temporal": False,
+        "gold_temporal": False,
+        "n_windows": 0,
+        "ndcg@2": 0.0,
+    }
     a = {**base, "n_gold": 1, "hits@2": 1, "all@2": 1}
     b = {**base, "n_gold": 3, "hits@2": 1, "all@2": 0}
     agg = aggregate([a, b], ks=[2])

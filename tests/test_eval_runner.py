@@ -52,20 +52,47 @@ def test_manifest_mismatch_refuses_to_mix(tmp_path):
 
 
 def _eval_cmd(out: Path) -> list[str]:
-    return [sys.executable, "-m", "tider.cli", "eval", "retrieval", "--dataset", "synthetic", "--windows",
-            "none,timeline,oracle", "--k", "5,20", "--limit", "40", "--memories", "synth-000", "--out", str(out)]
+    return [
+        sys.executable,
+        "-m",
+        "tider.cli",
+        "eval",
+        "retrieval",
+        "--dataset",
+        "synthetic",
+        "--windows",
+        "none,timeline,oracle",
+        "--k",
+        "5,20",
+        "--limit",
+        "40",
+        "--memories",
+        "synth-000",
+        "--out",
+        str(out),
+    ]
 
 
 @pytest.mark.slow
 def test_killed_eval_resumes_to_the_same_report(tmp_path):
-    env = {**os.environ, "TIDER_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(REPO / "src")}
+    env = {
+        **os.environ,
+        "TIDER_CACHE": str(tmp_path / "cache"),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(REPO / "src"),
+    }
     clean = tmp_path / "clean"
     subprocess.run(_eval_cmd(clean), env=env, check=True, capture_output=True, cwd=REPO)
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_eval_cmd(killed), env={**env, "TIDER_STAGE_DELAY_S": "0.05"}, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _eval_cmd(killed),
+        env={**env, "TIDER_STAGE_DELAY_S": "0.05"},
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     stage = killed / "retrieve-timeline.jsonl"  # second stage: kill while it is half done
     deadline = time.time() + 300
     while time.time() < deadline and not (stage.exists() and stage.read_text().count("\n") >= 10):

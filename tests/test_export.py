@@ -12,9 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tider.locator.contract import METADATA_FILE, LocatorContractError  # noqa: E402
-from tider.train.export import ExportError, detect_layout, export_locator, load_locator_metadata  # noqa: E402
-from tider.train.tiny import build_tiny_qwen3, iso_dates  # noqa: E402
+from tider.locator.contract import METADATA_FILE, LocatorContractError
+from tider.train.export import ExportError, detect_layout, export_locator, load_locator_metadata
+from tider.train.tiny import build_tiny_qwen3, iso_dates
 
 CORPUS = [
     "Question: When did Alice go to the book club? Asked at: 2023-06-01",
@@ -29,8 +29,17 @@ CORPUS = [
 def tiny_base(tmp_path_factory):
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("tiny-base")
-    build_tiny_qwen3(out, CORPUS, vocab_size=400, date_tokens=iso_dates(date(2023, 1, 1), date(2024, 2, 1)),
-                     hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+    build_tiny_qwen3(
+        out,
+        CORPUS,
+        vocab_size=400,
+        date_tokens=iso_dates(date(2023, 1, 1), date(2024, 2, 1)),
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=128,
+    )
     return out
 
 
@@ -42,8 +51,9 @@ def lora_checkpoint(tiny_base, tmp_path_factory):
     out = tmp_path_factory.mktemp("lora-ckpt")
     model = AutoModelForCausalLM.from_pretrained(tiny_base, dtype=torch.float32)
     # init_lora_weights=False: non-zero B, so merging really changes the weights.
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                  init_lora_weights=False))
+    peft_model = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     peft_model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tiny_base).save_pretrained(out)
     (out / METADATA_FILE).write_text(json.dumps({"granularity": "day", "training_data_hash": "abc123"}))

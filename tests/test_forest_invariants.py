@@ -10,8 +10,14 @@ from hypothesis import strategies as st
 from tider.forest.compress import IDF, compress_forest, split_spans, truncate_to_budget, whitespace_tokens
 from tider.forest.linearize import forest_rows, render_forest
 from tider.forest.structure import (
-    Forest, Judgement, LexicalRelationClassifier, RelationClassifier, build_forest, eligible_parents,
-    make_classifier, order_key,
+    Forest,
+    Judgement,
+    LexicalRelationClassifier,
+    RelationClassifier,
+    build_forest,
+    eligible_parents,
+    make_classifier,
+    order_key,
 )
 from tider.types import Message
 
@@ -31,9 +37,14 @@ class RandomClassifier(RelationClassifier):
         out = []
         for _ in tasks:
             n = self.draws.draw(st.integers(0, 4))
-            scored = [(self.draws.draw(st.sampled_from(self.all_ids)),
-                       self.draws.draw(st.sampled_from(["UPDATE", "EXPAND", "ROOT"])),
-                       self.draws.draw(st.floats(0, 1))) for _ in range(n)]
+            scored = [
+                (
+                    self.draws.draw(st.sampled_from(self.all_ids)),
+                    self.draws.draw(st.sampled_from(["UPDATE", "EXPAND", "ROOT"])),
+                    self.draws.draw(st.floats(0, 1)),
+                )
+                for _ in range(n)
+            ]
             out.append(Judgement(scored))
         return out
 
@@ -43,14 +54,26 @@ def messages(draw, max_n=12):
     n = draw(st.integers(1, max_n))
     out = []
     for i in range(n):
-        text = ". ".join(" ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=6)))
-                         for _ in range(draw(st.integers(1, 4)))) + "."
-        out.append(Message(
-            id=i, key=f"m{i}", text=text, timestamp=T0 + timedelta(hours=draw(st.integers(0, 10))),
-            speaker=draw(st.sampled_from(["A", "B"])), session="s1",
-            topic=draw(st.sampled_from(["t1", "t2"])), stage=draw(st.integers(0, 2)),
-            phase=draw(st.sampled_from([None, "1", "2/0.5", "2/0.9"])),
-        ))
+        text = (
+            ". ".join(
+                " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=6)))
+                for _ in range(draw(st.integers(1, 4)))
+            )
+            + "."
+        )
+        out.append(
+            Message(
+                id=i,
+                key=f"m{i}",
+                text=text,
+                timestamp=T0 + timedelta(hours=draw(st.integers(0, 10))),
+                speaker=draw(st.sampled_from(["A", "B"])),
+                session="s1",
+                topic=draw(st.sampled_from(["t1", "t2"])),
+                stage=draw(st.integers(0, 2)),
+                phase=draw(st.sampled_from([None, "1", "2/0.5", "2/0.9"])),
+            )
+        )
     return sorted(out, key=lambda m: (m.timestamp, m.id))
 
 
@@ -67,7 +90,8 @@ def _check_forest(forest: Forest):
     # Eq. 8 linearization: trees by root time, preorder, siblings chronological.
     roots = [r for r in rows if r.parent == 0]
     assert [forest.messages[r.message_id].timestamp for r in roots] == sorted(
-        forest.messages[r.message_id].timestamp for r in roots)
+        forest.messages[r.message_id].timestamp for r in roots
+    )
     by_index = {r.index: r for r in rows}
     assert [x.index for x in rows] == list(range(1, len(rows) + 1))
     for r in rows:
@@ -126,19 +150,27 @@ def test_compression_budget_and_min_span(msgs, budget, data):
 
 
 def test_eligible_parents_respect_time_topic_stage():
-    mk = lambda i, h, topic, stage, phase=None: Message(i, f"m{i}", "x", T0 + timedelta(hours=h), "A", "s",
-                                                       topic=topic, stage=stage, phase=phase)
+    mk = lambda i, h, topic, stage, phase=None: Message(
+        i, f"m{i}", "x", T0 + timedelta(hours=h), "A", "s", topic=topic, stage=stage, phase=phase
+    )
     child = mk(9, 5, "t", 1, "2/0.5")
-    cands = [mk(0, 1, "t", 1, "2/0.4"), mk(1, 1, "u", 1), mk(2, 5, "t", 0), mk(3, 2, "t", 2), mk(4, 3, "t", 1, "2/0.6"),
-             mk(5, 4, "t", 0, "9")]
+    cands = [
+        mk(0, 1, "t", 1, "2/0.4"),
+        mk(1, 1, "u", 1),
+        mk(2, 5, "t", 0),
+        mk(3, 2, "t", 2),
+        mk(4, 3, "t", 1, "2/0.6"),
+        mk(5, 4, "t", 0, "9"),
+    ]
     assert [p.id for p in eligible_parents(child, cands)] == [0, 5]
 
 
 def test_hand_checked_compression():
     # Corpus of 4 messages -> idf(u) = log(5 / (df + 1)) + 1.
     parent = Message(0, "a", "Alice adopted a dog.", T0, "Alice", "s")
-    child = Message(1, "b", "The dog is happy. Sweden is far away. We walk daily in the park",
-                    T0 + timedelta(days=1), "Alice", "s")
+    child = Message(
+        1, "b", "The dog is happy. Sweden is far away. We walk daily in the park", T0 + timedelta(days=1), "Alice", "s"
+    )
     other = [Message(2, "c", "The park is green.", T0, "Mel", "s"), Message(3, "d", "Happy dog.", T0, "Mel", "s")]
     forest = Forest({0: parent, 1: child}, parent={1: 0}, relation={0: "ROOT", 1: "EXPAND"})
     idf = IDF(m.text for m in [parent, child] + other)

@@ -89,5 +89,7 @@ def test_production_recipes_keep_bf16(cpu_only):
 
     cpu_only(False)
     for stage in ("sft", "grpo"):
-        _, training, model = parse_recipe(stage, ["--config", str(ROOT / f"configs/{stage}/qwen3-1.7b.yaml"), "--use_cpu", "true"])
+        _, training, model = parse_recipe(
+            stage, ["--config", str(ROOT / f"configs/{stage}/qwen3-1.7b.yaml"), "--use_cpu", "true"]
+        )
         assert model.dtype == "bfloat16" and training.bf16

@@ -15,7 +15,10 @@ SCHEMA = {"type": "object", "properties": {"key": {"type": "array", "items": {"t
 
 
 def test_parse_json_object_typed_failures():
-    assert parse_json_object('<think>{"key": "no"}</think> sure: {"key": [1, 2]} done', SCHEMA) == ({"key": [1, 2]}, None)
+    assert parse_json_object('<think>{"key": "no"}</think> sure: {"key": [1, 2]} done', SCHEMA) == (
+        {"key": [1, 2]},
+        None,
+    )
     assert parse_json_object('```json\n{"key": [3]}\n```', SCHEMA) == ({"key": [3]}, None)
     assert parse_json_object("   ", SCHEMA) == (None, "empty_output")
     assert parse_json_object("no braces here", SCHEMA) == (None, "no_json")
@@ -113,8 +116,16 @@ def test_local_hf_backend_batch_matches_single(tiny_qwen3_dir, tmp_path):
 
 
 def test_server_command_assembly():
-    cmd = build_server_command("py", "m", host="127.0.0.1", port=8000, served_model_name="x", api_key="k",
-                               max_model_len=2048, extra_args=("--tensor-parallel-size", "2"))
+    cmd = build_server_command(
+        "py",
+        "m",
+        host="127.0.0.1",
+        port=8000,
+        served_model_name="x",
+        api_key="k",
+        max_model_len=2048,
+        extra_args=("--tensor-parallel-size", "2"),
+    )
     assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[cmd.index("--served-model-name") + 1] == "x" and cmd[-2:] == ["--tensor-parallel-size", "2"]
 

@@ -16,8 +16,15 @@ from tider.types import Gold, Query, Window
 
 
 def _query(**gold):
-    return Query("q1", "m1", "Which venue did we pick at the offsite last week?", datetime(2023, 5, 10, 18), user="alice",
-                 category="relative", gold=Gold(**gold))
+    return Query(
+        "q1",
+        "m1",
+        "Which venue did we pick at the offsite last week?",
+        datetime(2023, 5, 10, 18),
+        user="alice",
+        category="relative",
+        gold=Gold(**gold),
+    )
 
 
 def _timeline(n_days: int = 20):
@@ -28,12 +35,22 @@ def _timeline(n_days: int = 20):
     from tider.retrieval.timeline import ExtractiveSummarizer, Timeline
     from tider.types import Memory, Message
 
-    msgs = [Message(i, f"k{i}", f"we picked venue{i} as the venue at the offsite" if i % 2 == 0 else "coffee anyone?",
-                    datetime(2023, 4, 21, 10) + timedelta(days=i), "bob" if i % 2 == 0 else "erin", "s")
-            for i in range(n_days)]
+    msgs = [
+        Message(
+            i,
+            f"k{i}",
+            f"we picked venue{i} as the venue at the offsite" if i % 2 == 0 else "coffee anyone?",
+            datetime(2023, 4, 21, 10) + timedelta(days=i),
+            "bob" if i % 2 == 0 else "erin",
+            "s",
+        )
+        for i in range(n_days)
+    ]
     memory = Memory("m1", msgs)
     emb = np.array([[1.0, 0.0] if i % 2 == 0 else [0.0, 1.0] for i in range(n_days)], dtype=np.float32)
-    return memory, Timeline(memory, list(range(n_days)), emb, emb, summarizer=ExtractiveSummarizer())  # one entry a message
+    return memory, Timeline(
+        memory, list(range(n_days)), emb, emb, summarizer=ExtractiveSummarizer()
+    )  # one entry a message
 
 
 def _input(settings=None, tokenizer=None, asked=datetime(2023, 5, 10, 18)):
@@ -43,8 +60,16 @@ def _input(settings=None, tokenizer=None, asked=datetime(2023, 5, 10, 18)):
 
     memory, timeline = _timeline()
     week = TimeCue("last week", Window(datetime(2023, 5, 1), datetime(2023, 5, 7, 23, 59, 59, 999999)))
-    return locator_input(_query(), memory, timeline.visible(asked), [week], "day", settings or PromptSettings(),
-                         query_vector=np.array([1.0, 0.0], dtype=np.float32), tokenizer=tokenizer)
+    return locator_input(
+        _query(),
+        memory,
+        timeline.visible(asked),
+        [week],
+        "day",
+        settings or PromptSettings(),
+        query_vector=np.array([1.0, 0.0], dtype=np.float32),
+        tokenizer=tokenizer,
+    )
 
 
 def test_prompt_question_first_cues_and_tagged_lines_in_time_order():
@@ -56,7 +81,9 @@ def test_prompt_question_first_cues_and_tagged_lines_in_time_order():
     assert 'C1 "last week" = 2023-05-01 .. 2023-05-07' in text
     lines = text.split("Timeline:\n")[1].splitlines()
     assert len(lines) == len(table.lines) == PromptSettings().lines.max_lines
-    assert [l.rsplit(" | L", 1)[1] for l in lines] == [str(k) for k in range(1, len(lines) + 1)]  # the tag ends the line
+    assert [l.rsplit(" | L", 1)[1] for l in lines] == [
+        str(k) for k in range(1, len(lines) + 1)
+    ]  # the tag ends the line
     assert [l[:10] for l in lines] == sorted(l[:10] for l in lines)  # time order
     marked = [l for l in lines if " C1 |" in l]
     assert marked and all("2023-05-01" <= l[:10] <= "2023-05-07" for l in marked)
@@ -68,8 +95,11 @@ def test_prompt_question_first_cues_and_tagged_lines_in_time_order():
 def test_prompt_switches_for_the_ablation():
     from tider.locator.lines import LineConfig
 
-    v1 = _input(PromptSettings(LineConfig(max_lines=6), select="similarity", show_cues=False, pointers=False,
-                               system_prompt=False))
+    v1 = _input(
+        PromptSettings(
+            LineConfig(max_lines=6), select="similarity", show_cues=False, pointers=False, system_prompt=False
+        )
+    )
     (user,) = v1.messages
     assert "Cues:\n(none)" in user["content"] and " | L1" not in user["content"] and v1.lines == ()
     lines = user["content"].split("Timeline:\n")[1].splitlines()
@@ -89,8 +119,14 @@ def test_prompt_refuses_a_query_with_gold():
 
     memory, timeline = _timeline()
     with pytest.raises(ValueError, match="public"):
-        locator_input(_query(answer="lisbon", evidence_ids=(3,)), memory, timeline, [], "day",
-                      query_vector=np.array([1.0, 0.0], dtype=np.float32))
+        locator_input(
+            _query(answer="lisbon", evidence_ids=(3,)),
+            memory,
+            timeline,
+            [],
+            "day",
+            query_vector=np.array([1.0, 0.0], dtype=np.float32),
+        )
 
 
 def test_truncation_drops_the_least_needed_lines_to_fit(tiny_qwen3_dir):
@@ -129,14 +165,21 @@ def test_references_resolve_against_the_table_and_the_json_column():
         r = parse_prediction(text, granularity="day", refs=refs)
         assert r.ok
         line = table.lines[2]
-        assert r.prediction.windows == tuple(sorted({
-            Window(line.start.replace(hour=0, minute=0), line.end.replace(hour=23, minute=59, second=59, microsecond=999999)),
-            Window(datetime(2023, 5, 1), datetime(2023, 5, 7, 23, 59, 59, 999999))}))
+        assert r.prediction.windows == tuple(
+            sorted(
+                {
+                    Window(
+                        line.start.replace(hour=0, minute=0),
+                        line.end.replace(hour=23, minute=59, second=59, microsecond=999999),
+                    ),
+                    Window(datetime(2023, 5, 1), datetime(2023, 5, 7, 23, 59, 59, 999999)),
+                }
+            )
+        )
     bad = parse_prediction('{"temporal": true, "windows": [{"entry": 15}]}', granularity="day", refs=table)
     assert bad.failure is ParseFailure.BAD_REFERENCE and "15" in bad.detail
     no_table = parse_prediction('{"temporal": true, "windows": [{"cue": 1}]}', granularity="day")
     assert no_table.failure is ParseFailure.BAD_REFERENCE
-
 
 
 def test_mark_answers_resolve_to_the_marked_line_when_trained_with_marks():
@@ -163,14 +206,16 @@ def test_mark_answers_resolve_to_the_marked_line_when_trained_with_marks():
     # the gold answer names the line by its mark only when the prompt answers by marks
     q = _query(temporal=True, windows=(table.lines[k - 1],), evidence_ids=(1,))
     assert gold_answer(q, table, "day")["windows"] == [{"mark": "R"}]
-    assert gold_answer(q, plain, "day")["windows"] == [{"entry": [j for j, w in enumerate(plain.lines, 1)
-                                                                 if w == table.lines[k - 1]][0]}]
+    assert gold_answer(q, plain, "day")["windows"] == [
+        {"entry": [j for j, w in enumerate(plain.lines, 1) if w == table.lines[k - 1]][0]}
+    ]
     # the metadata records the schema of its settings; a v2 checkpoint without marks keeps OUTPUT_SCHEMA
     assert schema_for(None) == schema_for({"marks": False}) == OUTPUT_SCHEMA
     settings = PromptSettings(marks=True).to_json()
     LocatorMetadata(prompt_settings=settings, output_schema=MARKS_OUTPUT_SCHEMA).validate("m")
     with pytest.raises(LocatorContractError, match="output_schema"):
         LocatorMetadata(prompt_settings=settings).validate("m")
+
 
 SPAN = Window(datetime(2023, 1, 1), datetime(2023, 12, 31, 18))
 
@@ -188,8 +233,10 @@ def test_parse_ok_with_think_block_prose_and_day_end():
 
 
 def test_parse_minute_granularity_and_timezone():
-    r = parse_prediction('{"temporal": true, "windows": [{"start": "2023-05-03T09:15", "end": "2023-05-03T12:00+02:00"}]}',
-                         granularity="minute")
+    r = parse_prediction(
+        '{"temporal": true, "windows": [{"start": "2023-05-03T09:15", "end": "2023-05-03T12:00+02:00"}]}',
+        granularity="minute",
+    )
     assert r.ok
     (w,) = r.prediction.windows
     assert w.start == datetime(2023, 5, 3, 9, 15) and w.end == datetime(2023, 5, 3, 10, 0, 59, 999999)
@@ -210,7 +257,10 @@ def test_parse_minute_granularity_and_timezone():
         ('{"temporal": true, "windows": [{"start": "2023-02-30", "end": "2023-05-04"}]}', ParseFailure.BAD_DATE),
         ('{"temporal": true, "windows": [{"start": "2023-05-05", "end": "2023-05-04"}]}', ParseFailure.START_AFTER_END),
         ('{"temporal": true, "windows": [{"start": "2025-05-05", "end": "2025-05-06"}]}', ParseFailure.OUTSIDE_MEMORY),
-        (json.dumps({"temporal": True, "windows": [{"start": "2023-05-01", "end": "2023-05-01"}] * 9}), ParseFailure.TOO_MANY_WINDOWS),
+        (
+            json.dumps({"temporal": True, "windows": [{"start": "2023-05-01", "end": "2023-05-01"}] * 9}),
+            ParseFailure.TOO_MANY_WINDOWS,
+        ),
     ],
 )
 def test_parse_failures_are_typed_never_raised(text, reason):
@@ -219,6 +269,16 @@ def test_parse_failures_are_typed_never_raised(text, reason):
 
 
 def test_parse_never_raises_on_garbage():
-    for text in [None, 12, "", "{", "}{", "{}", '{"temporal": null}', "\x00" * 10, '{"temporal": true, "windows": [1]}']:
+    for text in [
+        None,
+        12,
+        "",
+        "{",
+        "}{",
+        "{}",
+        '{"temporal": null}',
+        "\x00" * 10,
+        '{"temporal": true, "windows": [1]}',
+    ]:
         r = parse_prediction(text, granularity="day")
         assert r.prediction is None and isinstance(r.failure, ParseFailure)

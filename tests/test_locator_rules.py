@@ -23,50 +23,71 @@ def resolver():
     return CueResolver()
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("Which venue did we pick at the offsite last week?", [("2023-05-01", "2023-05-07")]),  # Monday-Sunday
-    ("What did we decide last month?", [("2023-04-01", "2023-04-30")]),
-    ("Who called yesterday?", [("2023-05-09", "2023-05-09")]),
-    ("What happened two days ago?", [("2023-05-08", "2023-05-08")]),
-    ("What happened last weekend?", [("2023-05-06", "2023-05-07")]),
-    ("What changed since March?", [("2023-03-01", "2023-05-10")]),  # open range closed by asked_at
-    ("Which dish on 2023-04-02 and on April 20, 2023?", [("2023-04-02", "2023-04-02"), ("2023-04-20", "2023-04-20")]),
-    ("What did we pick in June?", [("2022-06-01", "2022-06-30")]),  # year-less: the latest June not in the future
-    ("What did we pick in early March?", [("2023-03-01", "2023-03-15")]),  # the library's reading of "early"
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Which venue did we pick at the offsite last week?", [("2023-05-01", "2023-05-07")]),  # Monday-Sunday
+        ("What did we decide last month?", [("2023-04-01", "2023-04-30")]),
+        ("Who called yesterday?", [("2023-05-09", "2023-05-09")]),
+        ("What happened two days ago?", [("2023-05-08", "2023-05-08")]),
+        ("What happened last weekend?", [("2023-05-06", "2023-05-07")]),
+        ("What changed since March?", [("2023-03-01", "2023-05-10")]),  # open range closed by asked_at
+        (
+            "Which dish on 2023-04-02 and on April 20, 2023?",
+            [("2023-04-02", "2023-04-02"), ("2023-04-20", "2023-04-20")],
+        ),
+        ("What did we pick in June?", [("2022-06-01", "2022-06-30")]),  # year-less: the latest June not in the future
+        ("What did we pick in early March?", [("2023-03-01", "2023-03-15")]),  # the library's reading of "early"
+    ],
+)
 def test_expressions_resolve_against_asked_at(resolver, text, expected):
     assert days(resolver.resolve(text, ASKED)) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    # The library reads these as "the week" (the current one) + "before August 3, 2023"
-    # (everything before it), and "the day before May 3" as May 3: composed into the span.
-    ("What did John do the week before August 3, 2022?", [("2022-07-27", "2022-08-02")]),
-    ("What did we do the weekend before 4th October, 2022?", [("2022-10-01", "2022-10-02")]),  # a Tuesday
-    ("What did we decide the week after May 3?", [("2023-05-04", "2023-05-10")]),
-    ("What did we do the weekend after April 5?", [("2023-04-08", "2023-04-09")]),
-    ("What happened the month after March 3?", [("2023-03-04", "2023-04-03")]),
-    ("What happened the day before May 3?", [("2023-05-02", "2023-05-02")]),
-    ("What happened the day after May 3?", [("2023-05-04", "2023-05-04")]),
-    ("What happened two days before May 3?", [("2023-05-01", "2023-05-01")]),  # a count: one day
-    ("What happened a week before April 9, 2023?", [("2023-04-02", "2023-04-02")]),
-    ("What did we do the year before 2023?", [("2022-01-01", "2022-12-31")]),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        # The library reads these as "the week" (the current one) + "before August 3, 2023"
+        # (everything before it), and "the day before May 3" as May 3: composed into the span.
+        ("What did John do the week before August 3, 2022?", [("2022-07-27", "2022-08-02")]),
+        ("What did we do the weekend before 4th October, 2022?", [("2022-10-01", "2022-10-02")]),  # a Tuesday
+        ("What did we decide the week after May 3?", [("2023-05-04", "2023-05-10")]),
+        ("What did we do the weekend after April 5?", [("2023-04-08", "2023-04-09")]),
+        ("What happened the month after March 3?", [("2023-03-04", "2023-04-03")]),
+        ("What happened the day before May 3?", [("2023-05-02", "2023-05-02")]),
+        ("What happened the day after May 3?", [("2023-05-04", "2023-05-04")]),
+        ("What happened two days before May 3?", [("2023-05-01", "2023-05-01")]),  # a count: one day
+        ("What happened a week before April 9, 2023?", [("2023-04-02", "2023-04-02")]),
+        ("What did we do the year before 2023?", [("2022-01-01", "2022-12-31")]),
+    ],
+)
 def test_spans_anchored_to_a_time_are_composed(resolver, text, expected):
     assert days(resolver.resolve(text, ASKED)) == expected
 
 
-@pytest.mark.parametrize("text", ["What did we pick at the design review in the week of the merger?",
-                                  "What happened the month before the reorg?",
-                                  "What did Melanie do the week before her birthday?"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "What did we pick at the design review in the week of the merger?",
+        "What happened the month before the reorg?",
+        "What did Melanie do the week before her birthday?",
+    ],
+)
 def test_spans_anchored_to_an_event_are_not_the_current_period(resolver, text):
     # Unmodified, the library gives the week/month of asked_at for these.
     assert resolver.resolve(text, ASKED) == ()
     assert days(resolver.resolve("What did we decide during the week?", ASKED)) == [("2023-05-08", "2023-05-14")]
 
 
-@pytest.mark.parametrize("text", ["What is the current region of project cobalt?", "What did we paint recently?",
-                                  "How long did the offsite last?", "What is dave's pet?"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "What is the current region of project cobalt?",
+        "What did we paint recently?",
+        "How long did the offsite last?",
+        "What is dave's pet?",
+    ],
+)
 def test_no_resolvable_expression_means_no_cue(resolver, text):
     assert resolver.resolve(text, ASKED) == ()
 

@@ -12,11 +12,10 @@ import json
 import pytest
 
 from tider.locator.contract import METADATA_FILE, LocatorContractError, LocatorMetadata
-from tider.locator.sources import make_source
-from tider.types import NON_TEMPORAL
-
 from tider.locator.lines import LineConfig
 from tider.locator.prompt import PromptSettings
+from tider.locator.sources import make_source
+from tider.types import NON_TEMPORAL
 
 PROMPT = PromptSettings(LineConfig(max_lines=3), max_prompt_tokens=2000)
 SETTINGS = {"prompt_settings": PROMPT.to_json(), "granularity": "day", "chat_template_kwargs": {}}
@@ -54,7 +53,9 @@ def test_local_locator_predicts_or_falls_back_to_semantic(checkpoint, world):
     ds, store = world
     queries = ds.queries[:5]
     memories = [ds.memories[q.memory_key] for q in queries]
-    preds = source.predict_batch([q.public() for q in queries], memories, [store.timeline(q.memory_key) for q in queries])
+    preds = source.predict_batch(
+        [q.public() for q in queries], memories, [store.timeline(q.memory_key) for q in queries]
+    )
     failures = []
     for pred, outcome, table, memory in zip(preds, source.last_outcomes, source.last_inputs, memories):
         assert outcome.messages[1]["content"].count(" | L") == 3  # the recorded line count, not the default
@@ -78,12 +79,17 @@ def test_a_locator_trained_with_marks_is_prompted_with_them(checkpoint, world):
     assert source.settings == marks
     ds, store = world
     queries = ds.queries[:5]
-    source.predict_batch([q.public() for q in queries], [ds.memories[q.memory_key] for q in queries],
-                         [store.timeline(q.memory_key) for q in queries])
+    source.predict_batch(
+        [q.public() for q in queries],
+        [ds.memories[q.memory_key] for q in queries],
+        [store.timeline(q.memory_key) for q in queries],
+    )
     tables = [t for t in source.last_inputs if t.marks]
     assert tables
     label, k = tables[0].marks[0]
-    r = parse_prediction(json.dumps({"temporal": True, "windows": [{"mark": label}]}), granularity="day", refs=tables[0])
+    r = parse_prediction(
+        json.dumps({"temporal": True, "windows": [{"mark": label}]}), granularity="day", refs=tables[0]
+    )
     assert r.ok and r.prediction.windows[0].start.date() == tables[0].lines[k - 1].start.date()
 
 
@@ -96,7 +102,9 @@ def test_unknown_settings_are_refused_unless_allowed(checkpoint, world):
     with pytest.raises(LocatorContractError, match="records no prompt_settings, chat_template_kwargs"):
         make_source("locator", model=str(checkpoint))
     (checkpoint.parent / METADATA_FILE).write_text(json.dumps({**SETTINGS, "prompt_version": "locator-v1"}))
-    with pytest.raises(LocatorContractError, match="prompt version 'locator-v1' does not match this code's 'locator-v2'"):
+    with pytest.raises(
+        LocatorContractError, match="prompt version 'locator-v1' does not match this code's 'locator-v2'"
+    ):
         make_source("locator", model=str(checkpoint), allow_unknown_settings=True)  # never allowed
 
 
@@ -113,14 +121,16 @@ def test_a_store_building_other_timelines_is_refused(checkpoint, world):
     from dataclasses import replace
 
     from tider.locator.contract import input_settings
-    from tider.retrieval.config import RetrievalConfig
     from tider.memory import MemoryCollection
+    from tider.retrieval.config import RetrievalConfig
 
     ds, store = world
     LocatorMetadata(**SETTINGS, **input_settings(store.config)).write(checkpoint.parent)
     assert make_source("locator", model=str(checkpoint), store=store).settings == PROMPT  # same timeline: fine
-    other = MemoryCollection(ds.memories, RetrievalConfig(timeline=replace(RetrievalConfig().timeline, theta_sem=0.85),
-                                               embed_template="{text}"))
+    other = MemoryCollection(
+        ds.memories,
+        RetrievalConfig(timeline=replace(RetrievalConfig().timeline, theta_sem=0.85), embed_template="{text}"),
+    )
     with pytest.raises(LocatorContractError, match=r"timeline.theta_sem: trained 0.35, now 0.85; embed_template"):
         make_source("locator", model=str(checkpoint), store=other)
     assert make_source("locator", model=str(checkpoint), store=other, allow_unknown_settings=True)

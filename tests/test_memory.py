@@ -19,7 +19,7 @@ from tider.retrieval.config import RetrievalConfig
 from tider.types import NON_TEMPORAL, Window, WindowPrediction
 
 T0 = datetime(2023, 1, 2, 9, 0)
-WORDS = "offsite budget launch design review roadmap lunch demo hiring retro bug release plan vote".split()
+WORDS = ["offsite", "budget", "launch", "design", "review", "roadmap", "lunch", "demo", "hiring", "retro", "bug", "release", "plan", "vote"]
 DIM = 16
 
 
@@ -57,8 +57,11 @@ def queries(n: int = 12, seed: int = 1):
 
 
 def answers(mem: TemporalMemory, exact: bool) -> list:
-    return [(h.ids, h.scores) for text, asked, vec, win in queries()
-            for h in [mem.search(text, asked_at=asked, windows=win, query_vector=vec, exact=exact, k=10)]]
+    return [
+        (h.ids, h.scores)
+        for text, asked, vec, win in queries()
+        for h in [mem.search(text, asked_at=asked, windows=win, query_vector=vec, exact=exact, k=10)]
+    ]
 
 
 CONFIGS = {
@@ -139,9 +142,13 @@ def test_reopen_answers_identically_without_the_embedder(tmp_path):
 def test_bad_input_names_the_field_and_changes_nothing(tmp_path):
     mem = TemporalMemory(tmp_path / "s", embedder=NoEmbedder())
     good = {"text": "hello", "timestamp": "2024-02-01T10:00:00+02:00", "speaker": "ana"}
-    cases = [([{"text": "x"}], "messages[0].timestamp"), ([{"text": "x", "timestamp": "yesterday-ish"}], "messages[0].timestamp"),
-             ([good, {"text": 3, "timestamp": "2024-01-01"}], "messages[1].text"),
-             ([{**good, "colour": "red"}], "messages[0].colour"), ("not a list", "messages")]
+    cases = [
+        ([{"text": "x"}], "messages[0].timestamp"),
+        ([{"text": "x", "timestamp": "yesterday-ish"}], "messages[0].timestamp"),
+        ([good, {"text": 3, "timestamp": "2024-01-01"}], "messages[1].text"),
+        ([{**good, "colour": "red"}], "messages[0].colour"),
+        ("not a list", "messages"),
+    ]
     for batch, field in cases:
         with pytest.raises(MemoryInputError) as err:
             mem.add(batch, vectors=None if isinstance(batch, str) else np.ones((len(batch), DIM), np.float32))
@@ -149,8 +156,10 @@ def test_bad_input_names_the_field_and_changes_nothing(tmp_path):
     with pytest.raises(MemoryInputError, match="vectors"):
         mem.add([good], vectors=np.ones((2, DIM), np.float32))
     assert len(mem) == 0
-    keys = mem.add([good, {**good, "key": "k2", "timestamp": datetime(2024, 2, 1, 9, 0, tzinfo=timezone.utc)}],
-                   vectors=np.eye(2, DIM, dtype=np.float32))
+    keys = mem.add(
+        [good, {**good, "key": "k2", "timestamp": datetime(2024, 2, 1, 9, 0, tzinfo=timezone.utc)}],
+        vectors=np.eye(2, DIM, dtype=np.float32),
+    )
     assert keys[0].startswith("m-") and keys[1] == "k2"
     assert [m.timestamp for m in mem.memory] == [datetime(2024, 2, 1, 8, 0), datetime(2024, 2, 1, 9, 0)]  # UTC
     assert mem.add([good], vectors=np.ones((1, DIM), np.float32)) == keys[:1] and len(mem) == 2  # re-add: no-op
@@ -178,8 +187,12 @@ def test_kill_9_during_add_keeps_every_returned_add_and_no_half(delay, tmp_path)
     script.write_text(CHILD.format(tests=str(Path(__file__).parent)))
     store = tmp_path / "store"
     for round_ in range(2):  # kill, then resume in a second process and kill again
-        proc = subprocess.Popen([sys.executable, str(script), str(store)], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(store)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         returned = -1
         for line in proc.stdout:
             returned = int(line.split()[1])

@@ -16,7 +16,12 @@ import pytest
 KEY = "test-secret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MESSAGES = [
-    {"key": "m1", "text": "We picked Lisbon for the spring offsite", "timestamp": "2024-02-01T10:00:00", "speaker": "ana"},
+    {
+        "key": "m1",
+        "text": "We picked Lisbon for the spring offsite",
+        "timestamp": "2024-02-01T10:00:00",
+        "speaker": "ana",
+    },
     {"key": "m2", "text": "The offsite budget is 20k", "timestamp": "2024-02-02T09:30:00+01:00", "speaker": "bo"},
     {"key": "m3", "text": "Lunch at the new ramen place", "timestamp": "2024-03-05T12:00:00", "speaker": "ana"},
     {"key": "m4", "text": "Offsite moved to Porto after the vote", "timestamp": "2024-04-01T16:00:00", "speaker": "cy"},
@@ -35,8 +40,13 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("stores")
     port = _free_port()
     env = {**os.environ, "TIDER_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "tider.cli", "memory", "serve", "--path", str(root), "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tider.cli", "memory", "serve", "--path", str(root), "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -57,33 +67,45 @@ def server(tmp_path_factory):
 
 def test_key_required_add_then_search(server):
     assert httpx.get(f"{server}/health").status_code == 401
-    assert httpx.post(f"{server}/memories/team/search", json={"text": "x"},
-                      headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert (
+        httpx.post(
+            f"{server}/memories/team/search", json={"text": "x"}, headers={"Authorization": "Bearer wrong"}
+        ).status_code
+        == 401
+    )
     r = httpx.post(f"{server}/memories/team/messages", json={"messages": MESSAGES}, headers=AUTH, timeout=120)
     assert r.status_code == 200 and r.json() == {"ids": ["m1", "m2", "m3", "m4"]}
     assert "team" in httpx.get(f"{server}/health", headers=AUTH).json()["memories"]
-    r = httpx.post(f"{server}/memories/team/search", headers=AUTH, timeout=60,
-                   json={"text": "where is the offsite?", "asked_at": "2024-03-10T00:00:00", "k": 5, "windows": "none"})
+    r = httpx.post(
+        f"{server}/memories/team/search",
+        headers=AUTH,
+        timeout=60,
+        json={"text": "where is the offsite?", "asked_at": "2024-03-10T00:00:00", "k": 5, "windows": "none"},
+    )
     body = r.json()
     assert r.status_code == 200 and body["prediction"] == {"temporal": False, "windows": []}
     assert {h["id"] for h in body["hits"]} == {"m1", "m2", "m3"}  # m4 is after asked_at
     assert set(body["hits"][0]) == {"id", "text", "timestamp", "speaker", "score"}
     assert [h["timestamp"] for h in body["hits"] if h["id"] == "m2"] == ["2024-02-02T08:30:00"]  # stored as UTC
-    r = httpx.post(f"{server}/memories/team/search", headers=AUTH, json={"text": "offsite", "windows": "timeline"},
-                   timeout=60)  # builds the timeline
+    r = httpx.post(
+        f"{server}/memories/team/search", headers=AUTH, json={"text": "offsite", "windows": "timeline"}, timeout=60
+    )  # builds the timeline
     assert r.status_code == 200 and r.json()["prediction"]["temporal"] is True
 
 
-@pytest.mark.parametrize("path, body, field", [
-    ("messages", {"messages": "not a list"}, "messages"),
-    ("messages", {"messages": [{"text": "x"}]}, "timestamp"),
-    ("messages", {"messages": [{"text": "x", "timestamp": "the day after"}]}, "timestamp"),
-    ("messages", {"messages": [{"text": 7, "timestamp": "2024-01-01"}]}, "text"),
-    ("search", {"text": "x", "k": "ten"}, "k"),
-    ("search", {"text": "x", "asked_at": "not a date"}, "asked_at"),
-    ("search", {"text": "x", "windows": "no-such-source"}, "windows"),
-    ("search", {"text": "x", "windows": "oracle"}, "windows"),  # evaluation-only: needs gold, refused
-])
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("messages", {"messages": "not a list"}, "messages"),
+        ("messages", {"messages": [{"text": "x"}]}, "timestamp"),
+        ("messages", {"messages": [{"text": "x", "timestamp": "the day after"}]}, "timestamp"),
+        ("messages", {"messages": [{"text": 7, "timestamp": "2024-01-01"}]}, "text"),
+        ("search", {"text": "x", "k": "ten"}, "k"),
+        ("search", {"text": "x", "asked_at": "not a date"}, "asked_at"),
+        ("search", {"text": "x", "windows": "no-such-source"}, "windows"),
+        ("search", {"text": "x", "windows": "oracle"}, "windows"),  # evaluation-only: needs gold, refused
+    ],
+)
 def test_bad_input_is_a_4xx_naming_the_field(server, path, body, field):
     httpx.post(f"{server}/memories/team/messages", json={"messages": MESSAGES}, headers=AUTH, timeout=120)
     r = httpx.post(f"{server}/memories/team/{path}", json=body, headers=AUTH, timeout=60)
@@ -92,9 +114,13 @@ def test_bad_input_is_a_4xx_naming_the_field(server, path, body, field):
 
 
 def test_malformed_json_unknown_memory_and_oversized_body(server):
-    r = httpx.post(f"{server}/memories/team/search", content=b'{"text": ', headers={**AUTH, "Content-Type": "application/json"})
+    r = httpx.post(
+        f"{server}/memories/team/search", content=b'{"text": ', headers={**AUTH, "Content-Type": "application/json"}
+    )
     assert r.status_code == 422
-    assert httpx.post(f"{server}/memories/nobody/search", json={"text": "x"}, headers=AUTH, timeout=60).status_code == 404
+    assert (
+        httpx.post(f"{server}/memories/nobody/search", json={"text": "x"}, headers=AUTH, timeout=60).status_code == 404
+    )
     assert httpx.post(f"{server}/memories/bad name!/search", json={"text": "x"}, headers=AUTH).status_code in (404, 422)
     big = {"messages": [{"text": "x" * 90_000, "timestamp": "2024-01-01"}] * 100}  # ~9 MB > the 8 MiB limit
     assert httpx.post(f"{server}/memories/team/messages", json=big, headers=AUTH, timeout=60).status_code == 413
@@ -104,7 +130,9 @@ def test_200_concurrent_searches_all_answered(server):
     httpx.post(f"{server}/memories/team/messages", json={"messages": MESSAGES}, headers=AUTH, timeout=120)
     texts = [f"what about the offsite {i}?" for i in range(200)]
     with httpx.Client(headers=AUTH, timeout=120) as client, ThreadPoolExecutor(32) as pool:
-        replies = list(pool.map(lambda t: client.post(f"{server}/memories/team/search", json={"text": t, "k": 3}), texts))
+        replies = list(
+            pool.map(lambda t: client.post(f"{server}/memories/team/search", json={"text": t, "k": 3}), texts)
+        )
     assert [r.status_code for r in replies] == [200] * 200
     assert all(len(r.json()["hits"]) == 3 for r in replies)
 

@@ -28,23 +28,57 @@ from tider.llm.vllm_server import free_port
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--synthetic_messages", "600", "--synthetic_conversations", "3", "--prompt_lines", "4",
-         "--max_prompt_tokens", "256", "--report_to", "none", "--logging_steps", "1"]
+SMALL = [
+    "--synthetic_messages",
+    "600",
+    "--synthetic_conversations",
+    "3",
+    "--prompt_lines",
+    "4",
+    "--max_prompt_tokens",
+    "256",
+    "--report_to",
+    "none",
+    "--logging_steps",
+    "1",
+]
 TINY = ["--tiny_hidden_size", "64", "--tiny_num_layers", "2", "--tiny_num_heads", "2", "--tiny_vocab_size", "1024"]
 
 
 def torchrun_argv(stage: str, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-            "-m", "tider.cli", stage, "--config", str(ROOT / f"configs/{stage}/tiny-cpu.yaml"), *SMALL, *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "tider.cli",
+        stage,
+        "--config",
+        str(ROOT / f"configs/{stage}/tiny-cpu.yaml"),
+        *SMALL,
+        *overrides,
+    ]
 
 
 def env() -> dict:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
-            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def torchrun(stage: str, *overrides: str) -> None:
-    run = subprocess.run(torchrun_argv(stage, *overrides), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        torchrun_argv(stage, *overrides), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
 
 
@@ -61,8 +95,22 @@ def assert_two_ranks(logs: dict[int, str], stage: str) -> None:
 @pytest.fixture(scope="module")
 def two_rank_sft(tmp_path_factory):
     work = tmp_path_factory.mktemp("two-ranks")
-    torchrun("sft", "--model_name_or_path", str(work / "base"), "--output_dir", str(work / "sft"), "--max_steps", "30",
-             "--learning_rate", "3e-3", "--completion_only_loss", "true", "--save_strategy", "no", *TINY)
+    torchrun(
+        "sft",
+        "--model_name_or_path",
+        str(work / "base"),
+        "--output_dir",
+        str(work / "sft"),
+        "--max_steps",
+        "30",
+        "--learning_rate",
+        "3e-3",
+        "--completion_only_loss",
+        "true",
+        "--save_strategy",
+        "no",
+        *TINY,
+    )
     return work
 
 
@@ -78,8 +126,17 @@ def test_sft_on_two_ranks(two_rank_sft):
 
 def test_grpo_on_two_ranks(two_rank_sft):
     out = two_rank_sft / "grpo"
-    torchrun("grpo", "--model_name_or_path", str(two_rank_sft / "sft"), "--output_dir", str(out), "--max_steps", "2",
-             "--save_strategy", "no")
+    torchrun(
+        "grpo",
+        "--model_name_or_path",
+        str(two_rank_sft / "sft"),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "no",
+    )
     logs = rank_logs(out)
     assert_two_ranks(logs, "grpo")
     scored = {}
@@ -97,10 +154,23 @@ def test_grpo_on_two_ranks(two_rank_sft):
 
 def test_killed_two_rank_run_resumes_from_its_checkpoint(two_rank_sft):
     out = two_rank_sft / "killed"
-    argv = torchrun_argv("sft", "--model_name_or_path", str(two_rank_sft / "base"), "--output_dir", str(out),
-                         "--max_steps", "300", "--save_steps", "20", "--save_total_limit", "2", *TINY)
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    argv = torchrun_argv(
+        "sft",
+        "--model_name_or_path",
+        str(two_rank_sft / "base"),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "300",
+        "--save_steps",
+        "20",
+        "--save_total_limit",
+        "2",
+        *TINY,
+    )
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.monotonic() + 600
     try:
         while not (out / "checkpoint-20" / "trainer_state.json").exists():
@@ -110,8 +180,22 @@ def test_killed_two_rank_run_resumes_from_its_checkpoint(two_rank_sft):
         os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks, mid-run
         proc.wait(timeout=60)
     assert not (out / "trainer_state.json").exists() and not (out / "checkpoint-300").exists()  # killed mid-run
-    torchrun("sft", "--model_name_or_path", str(two_rank_sft / "base"), "--output_dir", str(out),
-             "--max_steps", "300", "--save_steps", "20", "--save_total_limit", "2", "--resume_from_checkpoint", "true", *TINY)
+    torchrun(
+        "sft",
+        "--model_name_or_path",
+        str(two_rank_sft / "base"),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "300",
+        "--save_steps",
+        "20",
+        "--save_total_limit",
+        "2",
+        "--resume_from_checkpoint",
+        "true",
+        *TINY,
+    )
     logs = rank_logs(out)
     resumed = re.findall(r"resuming from .*checkpoint-(\d+)", logs[0])
     assert resumed and 20 <= int(resumed[-1]) < 300

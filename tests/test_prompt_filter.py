@@ -24,12 +24,25 @@ def setting():
     from tider.train.rewards import make_rewards
 
     torch.set_num_threads(1)
-    args, train, _ = parse_recipe("grpo", ["--config", str(ROOT / "configs/grpo/tiny-cpu.yaml"), "--model_name_or_path",
-                                           str(MODEL), "--synthetic_messages", "600", "--synthetic_conversations", "3"])
+    args, train, _ = parse_recipe(
+        "grpo",
+        [
+            "--config",
+            str(ROOT / "configs/grpo/tiny-cpu.yaml"),
+            "--model_name_or_path",
+            str(MODEL),
+            "--synthetic_messages",
+            "600",
+            "--synthetic_conversations",
+            "3",
+        ],
+    )
     dataset, store, _, builder, splits = prepare(args, str(MODEL), stage="grpo")
     records = grpo_records(splits["train"][:40], builder)
     rewards = make_rewards(args.reward_funcs, reward_context(args, dataset, store))
-    backend = LocalHFBackend(str(MODEL), dtype="float32", batch_size=32, chat_template_kwargs=train.chat_template_kwargs)
+    backend = LocalHFBackend(
+        str(MODEL), dtype="float32", batch_size=32, chat_template_kwargs=train.chat_template_kwargs
+    )
     return records, backend, rewards, train.reward_weights
 
 
@@ -37,10 +50,12 @@ def test_keeps_exactly_the_prompts_whose_samples_differ_in_reward(setting):
     from tider.train.prompt_filter import informative_records, weighted_rewards
 
     records, backend, rewards, weights = setting
-    kept, report = informative_records(records, backend, rewards, weights, samples=4, pool=16, temperature=1.0,
-                                       max_tokens=48, seed=3)
-    again, _ = informative_records(records, backend, rewards, weights, samples=4, pool=16, temperature=1.0,
-                                   max_tokens=48, seed=3)
+    kept, report = informative_records(
+        records, backend, rewards, weights, samples=4, pool=16, temperature=1.0, max_tokens=48, seed=3
+    )
+    again, _ = informative_records(
+        records, backend, rewards, weights, samples=4, pool=16, temperature=1.0, max_tokens=48, seed=3
+    )
     assert [r["query_key"] for r in kept] == [r["query_key"] for r in again]  # seeded: same prompts every rank
     assert report["pool"] == 16 and report["kept"] == len(kept) and 0 < len(kept) < 16
     assert sum(report["kept_by_category"].values()) == len(kept)

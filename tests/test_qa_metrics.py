@@ -1,5 +1,5 @@
-from tider.scoring import answer_f1, is_abstention, multi_answer_f1, token_f1
 from tider.forest.prompts import parse_msg_id, parse_verdict
+from tider.scoring import answer_f1, is_abstention, multi_answer_f1, token_f1
 
 
 def test_token_f1():

@@ -34,8 +34,19 @@ def tiny_client(tiny_qwen3_dir):
 def _config(synth, **kw):
     # Queries with gold windows, so the oracle source exercises evidence selection.
     first = next(iter(synth.memories))
-    base = dict(windows=("oracle",), contexts=("flat", "forest"), k=6, top_n=8, budget=75, classifier="lexical",
-                limit=3, memory_keys=[first], select_max_tokens=12, answer_max_tokens=6, judge_max_tokens=4)
+    base = dict(
+        windows=("oracle",),
+        contexts=("flat", "forest"),
+        k=6,
+        top_n=8,
+        budget=75,
+        classifier="lexical",
+        limit=3,
+        memory_keys=[first],
+        select_max_tokens=12,
+        answer_max_tokens=6,
+        judge_max_tokens=4,
+    )
     base.update(kw)
     return QAConfig(**base)
 
@@ -130,8 +141,13 @@ def test_leaks_are_found_in_the_prompts_the_stages_sent(synth, tiny_client, tmp_
         return out
 
     monkeypatch.setattr(chat_source, "locator_input", leaky_build)
-    cfg = _config(synth, windows=("prompted",), limit=2, until="retrieve",
-                  source_options={"prompted": {"model": str(tiny_client.model), "max_tokens": 4}})
+    cfg = _config(
+        synth,
+        windows=("prompted",),
+        limit=2,
+        until="retrieve",
+        source_options={"prompted": {"model": str(tiny_client.model), "max_tokens": 4}},
+    )
     with pytest.raises(GoldLeakError, match="stage locator: gold_answer_in_prompt"):
         run_qa_eval(synth, cfg, tmp_path / "locator", None, None, progress=False)
     monkeypatch.undo()
@@ -148,17 +164,28 @@ def _query(answer, evidence=(), text="Where did Alice move?", user="Mel"):
 def test_validator_rules():
     from datetime import datetime
 
-    memory = Memory("m", [Message(0, "a", "Alice moved to Sweden in spring 2022 for a new job.", datetime(2022, 3, 1),
-                                  "Alice", "s")])
+    memory = Memory(
+        "m",
+        [Message(0, "a", "Alice moved to Sweden in spring 2022 for a new job.", datetime(2022, 3, 1), "Alice", "s")],
+    )
     v = LeakageValidator({"m": memory})
     ctx = "[1] Alice moved to Sweden in spring 2022 for a new job."
-    msgs = lambda extra="": [{"role": "system", "content": "Answer concisely." + extra},
-                             {"role": "user", "content": "Question: Where did Alice move?\n" + ctx}]
+    msgs = lambda extra="": [
+        {"role": "system", "content": "Answer concisely." + extra},
+        {"role": "user", "content": "Question: Where did Alice move?\n" + ctx},
+    ]
     # gold evidence / answer inside the retrieved context is fine
-    assert v.check_prompt(_query("Sweden", [0]), "answer", msgs(), allowed_parts=[ctx], context_ids=[0],
-                          produced_ids=[0, 3]) == []
+    assert (
+        v.check_prompt(
+            _query("Sweden", [0]), "answer", msgs(), allowed_parts=[ctx], context_ids=[0], produced_ids=[0, 3]
+        )
+        == []
+    )
     # the answer in the instructions is a leak; gold evidence text too
-    assert v.check_prompt(_query("Sweden"), "answer", msgs(" Sweden."), allowed_parts=[ctx])[0].kind == "gold_answer_in_prompt"
+    assert (
+        v.check_prompt(_query("Sweden"), "answer", msgs(" Sweden."), allowed_parts=[ctx])[0].kind
+        == "gold_answer_in_prompt"
+    )
     leaks = v.check_prompt(_query("x", [0]), "answer", msgs(" " + memory[0].text), allowed_parts=[ctx])
     assert [l.kind for l in leaks] == ["gold_evidence_in_prompt"]
     # context built from ids retrieval never produced
@@ -174,8 +201,13 @@ def test_validator_rules():
 
 
 def test_locator_prompt_is_leak_checked_and_its_tokens_counted(synth, tiny_qwen3_dir, tmp_path):
-    cfg = _config(synth, windows=("prompted",), limit=2, until="retrieve",
-                  source_options={"prompted": {"model": str(tiny_qwen3_dir), "max_tokens": 8}})
+    cfg = _config(
+        synth,
+        windows=("prompted",),
+        limit=2,
+        until="retrieve",
+        source_options={"prompted": {"model": str(tiny_qwen3_dir), "max_tokens": 8}},
+    )
     report = run_qa_eval(synth, cfg, tmp_path, None, None, progress=False)
     assert report["leak_checks"] == 2 and report["leaks"] == 0
     rows = read_records(tmp_path / "retrieve-prompted.jsonl")

@@ -18,12 +18,45 @@ LIMIT = 3
 
 
 def _argv(server, out):
-    return ["eval", "qa", "--dataset", "synthetic", "--memories", "synth-000", "--limit", str(LIMIT),
-            "--windows", "oracle", "--context", "flat,forest", "--reader", server.base_url,
-            "--reader-model", server.model_name, "--out", str(out), "--k", "6", "--top-n", "8", "--budget", "120",
-            "--max-tokens", "select=48,structure=48,answer=16,judge=8", "--max-retries", "1", "--no-thinking",
-            "--answer-temperature", "1.0", "--judge-temperature", "1.0",
-            "--tokenizer", str(server.model), "--concurrency", "4"]
+    return [
+        "eval",
+        "qa",
+        "--dataset",
+        "synthetic",
+        "--memories",
+        "synth-000",
+        "--limit",
+        str(LIMIT),
+        "--windows",
+        "oracle",
+        "--context",
+        "flat,forest",
+        "--reader",
+        server.base_url,
+        "--reader-model",
+        server.model_name,
+        "--out",
+        str(out),
+        "--k",
+        "6",
+        "--top-n",
+        "8",
+        "--budget",
+        "120",
+        "--max-tokens",
+        "select=48,structure=48,answer=16,judge=8",
+        "--max-retries",
+        "1",
+        "--no-thinking",
+        "--answer-temperature",
+        "1.0",
+        "--judge-temperature",
+        "1.0",
+        "--tokenizer",
+        str(server.model),
+        "--concurrency",
+        "4",
+    ]
 
 
 def test_eval_qa_through_vllm(vllm_server, tmp_path, capsys):

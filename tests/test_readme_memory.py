@@ -10,7 +10,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def test_readme_memory_example_runs(tmp_path, monkeypatch):
     text = README.read_text()
-    block = re.search(r"<!-- memory-example -->\n```python\n(.*?)```", text, re.S)
+    block = re.search(r"<!-- memory-example -->\n```python\n(.*?)```", text, re.DOTALL)
     assert block, "README lost its memory example"
     monkeypatch.chdir(tmp_path)  # the example writes stores/team-chat relative to the cwd
     exec(compile(block.group(1), "README.md", "exec"), {})
@@ -24,7 +24,16 @@ def test_memory_import_builds_one_store_per_conversation(tmp_path):
     from tider.memory import TemporalMemory
 
     write(generate(240, seed=5, n_conversations=2), str(tmp_path / "data"))
-    args = ["memory", "import", "--dataset", "synthetic", "--path", str(tmp_path / "data"), "--out", str(tmp_path / "stores")]
+    args = [
+        "memory",
+        "import",
+        "--dataset",
+        "synthetic",
+        "--path",
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "stores"),
+    ]
     assert main(args) == 0
     assert main(args) == 0  # resumable: nothing is added twice
     stores = sorted(p.name for p in (tmp_path / "stores").iterdir())

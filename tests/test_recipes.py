@@ -29,17 +29,30 @@ import yaml
 pytestmark = [pytest.mark.recipe, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*/*.yaml")
-                 if p.parent.name in ("sft", "grpo"))
+RECIPES = sorted(
+    p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*/*.yaml") if p.parent.name in ("sft", "grpo")
+)
 TINY = ["--tiny_hidden_size", "64", "--tiny_num_layers", "2", "--tiny_num_heads", "2", "--tiny_vocab_size", "1024"]
 COMMON = ["--report_to", "none", "--logging_steps", "1"]
 
 
 def tider(stage: str, recipe: str, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
-           "TOKENIZERS_PARALLELISM": "false", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    run = subprocess.run([sys.executable, "-m", "tider.cli", stage, "--config", str(ROOT / recipe), *overrides],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    run = subprocess.run(
+        [sys.executable, "-m", "tider.cli", stage, "--config", str(ROOT / recipe), *overrides],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert run.returncode == 0, f"{stage} {recipe} failed:\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     return run
 
@@ -53,10 +66,15 @@ def steps(output_dir: Path) -> list[int]:
 
 
 def test_every_recipe_has_a_test():
-    tested = {"configs/sft/tiny-cpu.yaml", "configs/sft/tiny-pretrain.yaml", "configs/sft/tiny-pretrain-answer.yaml",
-              "configs/grpo/tiny-cpu.yaml",
-              "configs/sft/qwen3-1.7b.yaml",
-              "configs/grpo/qwen3-1.7b.yaml", "configs/grpo/qwen3-1.7b-multinode.yaml"}
+    tested = {
+        "configs/sft/tiny-cpu.yaml",
+        "configs/sft/tiny-pretrain.yaml",
+        "configs/sft/tiny-pretrain-answer.yaml",
+        "configs/grpo/tiny-cpu.yaml",
+        "configs/sft/qwen3-1.7b.yaml",
+        "configs/grpo/qwen3-1.7b.yaml",
+        "configs/grpo/qwen3-1.7b-multinode.yaml",
+    }
     assert set(RECIPES) == tested, "a new recipe needs a test in this file"
 
 
@@ -84,9 +102,26 @@ def tiny_pretrain(work):
     but at test size: fewer messages and train-only conversations, 2 steps. It builds the
     tiny Qwen3 the other recipes start from (as models/tiny-locator-v2 was built)."""
     out = work / "tiny-pretrain"
-    tider("sft", "configs/sft/tiny-pretrain.yaml", "--model_name_or_path", str(work / "base"),
-          "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--synthetic_messages", "600",
-          "--synthetic_conversations", "3", "--synthetic_train_conversations", "1", *TINY, *COMMON)
+    tider(
+        "sft",
+        "configs/sft/tiny-pretrain.yaml",
+        "--model_name_or_path",
+        str(work / "base"),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "no",
+        "--synthetic_messages",
+        "600",
+        "--synthetic_conversations",
+        "3",
+        "--synthetic_train_conversations",
+        "1",
+        *TINY,
+        *COMMON,
+    )
     return out
 
 
@@ -105,9 +140,23 @@ def tiny_pretrain_answer(tiny_pretrain, work):
     """configs/sft/tiny-pretrain-answer.yaml (the start's answer-only phase) from the above,
     with the same test-size data, 2 steps."""
     out = work / "tiny-pretrain-answer"
-    tider("sft", "configs/sft/tiny-pretrain-answer.yaml", "--model_name_or_path", str(tiny_pretrain),
-          "--output_dir", str(out), "--max_steps", "2", "--synthetic_messages", "600",
-          "--synthetic_conversations", "3", "--synthetic_train_conversations", "1", *COMMON)
+    tider(
+        "sft",
+        "configs/sft/tiny-pretrain-answer.yaml",
+        "--model_name_or_path",
+        str(tiny_pretrain),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--synthetic_messages",
+        "600",
+        "--synthetic_conversations",
+        "3",
+        "--synthetic_train_conversations",
+        "1",
+        *COMMON,
+    )
     return out
 
 
@@ -128,8 +177,20 @@ def tiny_sft(tiny_pretrain_answer, work, data_dir):
     """configs/sft/tiny-cpu.yaml, 2 steps, fine-tuning the pretrained start (the recipe names
     the shipped models/tiny-locator-v2; here the test-size one above)."""
     out = work / "tiny-sft"
-    tider("sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(tiny_pretrain_answer), "--output_dir", str(out),
-          "--max_steps", "2", "--save_strategy", "no", *data_args(data_dir), *COMMON)
+    tider(
+        "sft",
+        "configs/sft/tiny-cpu.yaml",
+        "--model_name_or_path",
+        str(tiny_pretrain_answer),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "no",
+        *data_args(data_dir),
+        *COMMON,
+    )
     return out
 
 
@@ -143,8 +204,20 @@ def test_sft_tiny_cpu(tiny_sft):
 
 def test_grpo_tiny_cpu(tiny_sft, work, data_dir):
     out = work / "tiny-grpo"
-    run = tider("grpo", "configs/grpo/tiny-cpu.yaml", "--model_name_or_path", str(tiny_sft), "--output_dir", str(out),
-                "--max_steps", "2", "--save_strategy", "no", *data_args(data_dir), *COMMON)
+    run = tider(
+        "grpo",
+        "configs/grpo/tiny-cpu.yaml",
+        "--model_name_or_path",
+        str(tiny_sft),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "no",
+        *data_args(data_dir),
+        *COMMON,
+    )
     recipe = yaml.safe_load((ROOT / "configs/grpo/tiny-cpu.yaml").read_text())
     logged = history(out)
     for name in recipe["reward_funcs"]:
@@ -163,9 +236,26 @@ def test_grpo_tiny_cpu_vllm_samples_from_the_trained_weights(work, data_dir):
     KL. On AVX-512 CPUs this failed outright before (vLLM dropped the packed weights' loaders;
     tider.train.grpo.compute_cpu_linears_on_live_weights)."""
     out = work / "tiny-grpo-moving"
-    tider("grpo", "configs/grpo/tiny-cpu.yaml", "--model_name_or_path", str(ROOT / "models/tiny-locator-v2"),
-          "--output_dir", str(out), "--max_steps", "3", "--save_strategy", "no", "--learning_rate", "3e-3",
-          "--lr_scheduler_type", "constant", "--warmup_steps", "0", *data_args(data_dir), *COMMON)
+    tider(
+        "grpo",
+        "configs/grpo/tiny-cpu.yaml",
+        "--model_name_or_path",
+        str(ROOT / "models/tiny-locator-v2"),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "3",
+        "--save_strategy",
+        "no",
+        "--learning_rate",
+        "3e-3",
+        "--lr_scheduler_type",
+        "constant",
+        "--warmup_steps",
+        "0",
+        *data_args(data_dir),
+        *COMMON,
+    )
     last = [h for h in history(out) if "kl" in h][-1]
     assert last["kl"] > 0.5, last
     assert last["sampling/sampling_logp_difference/mean"] < 0.05, last
@@ -174,8 +264,20 @@ def test_grpo_tiny_cpu_vllm_samples_from_the_trained_weights(work, data_dir):
 @pytest.fixture(scope="module")
 def production_sft(tiny_sft, work, data_dir):
     out = work / "qwen3-sft"
-    tider("sft", "configs/sft/qwen3-1.7b.yaml", "--model_name_or_path", str(work / "base"), "--output_dir", str(out),
-          "--max_steps", "1", "--use_cpu", "true", *data_args(data_dir), *COMMON)
+    tider(
+        "sft",
+        "configs/sft/qwen3-1.7b.yaml",
+        "--model_name_or_path",
+        str(work / "base"),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "1",
+        "--use_cpu",
+        "true",
+        *data_args(data_dir),
+        *COMMON,
+    )
     return out
 
 
@@ -189,8 +291,22 @@ def test_sft_qwen3_production(production_sft):
 def test_sft_qwen3_production_lora(tiny_sft, work, data_dir):
     """The recipe's documented LoRA switch (`use_peft: true`, its lora_r/alpha/targets)."""
     out = work / "qwen3-sft-lora"
-    tider("sft", "configs/sft/qwen3-1.7b.yaml", "--model_name_or_path", str(work / "base"), "--output_dir", str(out),
-          "--max_steps", "1", "--use_cpu", "true", "--use_peft", "true", *data_args(data_dir), *COMMON)
+    tider(
+        "sft",
+        "configs/sft/qwen3-1.7b.yaml",
+        "--model_name_or_path",
+        str(work / "base"),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "1",
+        "--use_cpu",
+        "true",
+        "--use_peft",
+        "true",
+        *data_args(data_dir),
+        *COMMON,
+    )
     adapter = json.loads((out / "adapter_config.json").read_text())
     recipe = yaml.safe_load((ROOT / "configs/sft/qwen3-1.7b.yaml").read_text())
     assert adapter["r"] == recipe["lora_r"] and adapter["lora_alpha"] == recipe["lora_alpha"]
@@ -201,8 +317,10 @@ def test_sft_qwen3_production_lora(tiny_sft, work, data_dir):
 # output (TRL's `vllm_structured_outputs_regex`, not set by the recipe) holds generation to the
 # locator's JSON with plausible dates, so the retrieval rewards and the reader really run
 # (noise parses never, and every reward would score it 0 without reading it).
-LOCATOR_JSON = (r'\{"temporal": (false, "windows": \[\]|true, "windows": \[\{"start": "2023-0[1-9]-(0[1-9]|1[0-9]|2[0-8])", '
-                r'"end": "2023-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"\}\])\}')
+LOCATOR_JSON = (
+    r'\{"temporal": (false, "windows": \[\]|true, "windows": \[\{"start": "2023-0[1-9]-(0[1-9]|1[0-9]|2[0-8])", '
+    r'"end": "2023-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"\}\])\}'
+)
 
 
 @pytest.mark.vllm
@@ -212,10 +330,26 @@ def test_grpo_qwen3_production(production_sft, work, data_dir, vllm_server):
     out = work / "qwen3-grpo"
     server_log = Path(vllm_server.log_path)
     served_before = server_log.read_text(errors="replace").count("POST /v1/chat/completions")
-    tider("grpo", "configs/grpo/qwen3-1.7b.yaml", "--model_name_or_path", str(production_sft), "--output_dir", str(out),
-          "--max_steps", "1", "--use_cpu", "true", "--reader_base_url", vllm_server.base_url,
-          "--reader_model", vllm_server.model_name, "--vllm_structured_outputs_regex", LOCATOR_JSON,
-          *data_args(data_dir), *COMMON)
+    tider(
+        "grpo",
+        "configs/grpo/qwen3-1.7b.yaml",
+        "--model_name_or_path",
+        str(production_sft),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "1",
+        "--use_cpu",
+        "true",
+        "--reader_base_url",
+        vllm_server.base_url,
+        "--reader_model",
+        vllm_server.model_name,
+        "--vllm_structured_outputs_regex",
+        LOCATOR_JSON,
+        *data_args(data_dir),
+        *COMMON,
+    )
     [logged] = [h for h in history(out) if "loss" in h]
     # generation went through vLLM inside the trainer: TRL logs its sampling-vs-training logprob gap
     assert "sampling/sampling_logp_difference/mean" in logged, sorted(logged)
@@ -241,20 +375,52 @@ def test_grpo_qwen3_multinode_server_mode(tiny_sft, work, data_dir, tmp_path, vl
     from tider.llm.vllm_server import VLLMServer, free_port, trl_server_flags
 
     port = free_port()
-    server = VLLMServer(str(tiny_sft), port=port, extra_args=trl_server_flags(str(tiny_sft), port=port, cuda=False),
-                        env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
-                        log_path=tmp_path / "trl-server.log", startup_timeout=300)
+    server = VLLMServer(
+        str(tiny_sft),
+        port=port,
+        extra_args=trl_server_flags(str(tiny_sft), port=port, cuda=False),
+        env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+        log_path=tmp_path / "trl-server.log",
+        startup_timeout=300,
+    )
     with server:
         client = VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=60)  # check_server: /health
         out = client.generate(["2023-05-07 Alice"], n=2, max_tokens=8, temperature=0.7)
         assert len(out["completion_ids"]) == 2 and all(len(ids) > 0 for ids in out["completion_ids"])
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled"}
-        run = subprocess.run([sys.executable, "-m", "tider.cli", "grpo", "--config", str(ROOT / "configs/grpo/qwen3-1.7b-multinode.yaml"),
-                              "--model_name_or_path", str(tiny_sft), "--output_dir", str(work / "multinode"), "--max_steps", "1",
-                              "--use_cpu", "true", "--vllm_server_host", "127.0.0.1", "--vllm_server_port", str(port),
-                              "--reader_base_url", vllm_server.base_url, "--reader_model", vllm_server.model_name,
-                              *data_args(data_dir), *COMMON],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tider.cli",
+                "grpo",
+                "--config",
+                str(ROOT / "configs/grpo/qwen3-1.7b-multinode.yaml"),
+                "--model_name_or_path",
+                str(tiny_sft),
+                "--output_dir",
+                str(work / "multinode"),
+                "--max_steps",
+                "1",
+                "--use_cpu",
+                "true",
+                "--vllm_server_host",
+                "127.0.0.1",
+                "--vllm_server_port",
+                str(port),
+                "--reader_base_url",
+                vllm_server.base_url,
+                "--reader_model",
+                vllm_server.model_name,
+                *data_args(data_dir),
+                *COMMON,
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert run.returncode != 0
     assert "weight sync" in run.stderr and "CUDA" in run.stderr, run.stderr[-4000:]
     assert "connected to the vLLM server" in run.stderr + run.stdout  # it got that far
@@ -272,10 +438,20 @@ def test_shipped_starting_point_is_what_the_pretrain_recipe_trains_on():
     from tider.train.locator_data import load_training_dataset, training_data_hash
 
     meta = LocatorMetadata.read(ROOT / "models/tiny-locator-v2")
-    first, second = (parse_recipe("sft", ["--config", str(ROOT / f"configs/sft/{r}.yaml")])[0]
-                     for r in ("tiny-pretrain", "tiny-pretrain-answer"))
-    data_fields = ("dataset_name", "dataset_path", "dataset_seed", "split_seed", "synthetic_messages",
-                   "synthetic_conversations", "synthetic_train_conversations", "synthetic_train_seed")
+    first, second = (
+        parse_recipe("sft", ["--config", str(ROOT / f"configs/sft/{r}.yaml")])[0]
+        for r in ("tiny-pretrain", "tiny-pretrain-answer")
+    )
+    data_fields = (
+        "dataset_name",
+        "dataset_path",
+        "dataset_seed",
+        "split_seed",
+        "synthetic_messages",
+        "synthetic_conversations",
+        "synthetic_train_conversations",
+        "synthetic_train_seed",
+    )
     assert [getattr(first, f) for f in data_fields] == [getattr(second, f) for f in data_fields]
     dataset = load_training_dataset(first)
     train = split_queries(dataset, seed=first.split_seed)["train"]

@@ -8,8 +8,14 @@ from datetime import datetime, timedelta
 import numpy as np
 import pytest
 
-from tider.locator.sources import (NoWindows, OracleWindows, ensure_not_evaluation_only, gold_predictions, make_source,
-                                   register_source)
+from tider.locator.sources import (
+    NoWindows,
+    OracleWindows,
+    ensure_not_evaluation_only,
+    gold_predictions,
+    make_source,
+    register_source,
+)
 from tider.retrieval import channels
 from tider.retrieval.bm25 import BM25Index, expand_message
 from tider.retrieval.config import RetrievalConfig, TimelineConfig
@@ -23,8 +29,17 @@ T0 = datetime(2023, 5, 1, 12, 0)
 
 
 def _memory(n_days=10, per_day=3) -> Memory:
-    msgs = [Message(id=i, key=f"m{i}", text=f"text {i}", timestamp=T0 + timedelta(days=i // per_day), speaker="A",
-                    session=f"s{i // per_day}") for i in range(n_days * per_day)]
+    msgs = [
+        Message(
+            id=i,
+            key=f"m{i}",
+            text=f"text {i}",
+            timestamp=T0 + timedelta(days=i // per_day),
+            speaker="A",
+            session=f"s{i // per_day}",
+        )
+        for i in range(n_days * per_day)
+    ]
     return Memory("mem", msgs)
 
 
@@ -50,13 +65,22 @@ def test_window_to_id_range_matches_memory_bisect():
     # overlapping windows merge; the buffer widens both sides
     ws = [Window(T0, T0 + timedelta(days=1)), Window(T0 + timedelta(days=1), T0 + timedelta(days=2))]
     assert channels.id_ranges(ts, channels.window_days(ws)) == [(0, 9)]
-    assert channels.id_ranges(ts, channels.window_days([Window(T0 + timedelta(days=5), T0 + timedelta(days=5))]), 1.0) == [(12, 21)]
+    assert channels.id_ranges(
+        ts, channels.window_days([Window(T0 + timedelta(days=5), T0 + timedelta(days=5))]), 1.0
+    ) == [(12, 21)]
 
 
 def test_bm25s_and_rank_bm25_rank_identically():
-    corpus = ["the cat sat on the mat", "dogs chase cats in the park", "a violin concert in vienna",
-              "my cat loves the violin", "hiking the alps in june", "june wedding cake with chocolate",
-              "park rangers and alps guides", "chocolate cake recipe from vienna"]
+    corpus = [
+        "the cat sat on the mat",
+        "dogs chase cats in the park",
+        "a violin concert in vienna",
+        "my cat loves the violin",
+        "hiking the alps in june",
+        "june wedding cake with chocolate",
+        "park rangers and alps guides",
+        "chocolate cake recipe from vienna",
+    ]
     fast = BM25Index.from_texts(corpus, backend="bm25s", method="robertson")
     ref = BM25Index.from_texts(corpus, backend="rank_bm25")
     for q in ["cat violin", "alps june hiking", "chocolate vienna", "park cats", "nothing matches zzz"]:
@@ -67,8 +91,16 @@ def test_bm25s_and_rank_bm25_rank_identically():
 
 
 def test_metadata_expansion_and_save_load(tmp_path):
-    m = Message(id=0, key="x", text="ship it friday", timestamp=T0, speaker="alice", session="s", channel="design",
-                topic="release")
+    m = Message(
+        id=0,
+        key="x",
+        text="ship it friday",
+        timestamp=T0,
+        speaker="alice",
+        session="s",
+        channel="design",
+        topic="release",
+    )
     assert expand_message(m) == "ship it friday alice design release"
     idx = BM25Index.from_messages([m, Message(id=1, key="y", text="lunch", timestamp=T0, speaker="bob", session="s")])
     assert idx.search("what did alice say in design", 1)[0].tolist() == [0]
@@ -98,7 +130,7 @@ def test_faiss_rows_past_selectors_and_roundtrip(hnsw_min, tmp_path):
     rows, _ = index.search(q, 50, 2000, ef_search=64)  # a prefix: rows < 2000
     assert len(rows) and rows.max() < 2000
     mask = np.zeros(len(vecs), dtype=bool)
-    mask[CHUNK + 10:CHUNK + 20] = True  # only tail rows
+    mask[CHUNK + 10 : CHUNK + 20] = True  # only tail rows
     mask[100:110] = True
     rows, _ = index.search(q, 50, mask, ef_search=64)
     assert set(rows.tolist()) <= set(np.flatnonzero(mask).tolist()) and len(rows) >= 10
@@ -134,6 +166,7 @@ def test_registry_errors_and_oracle_guard():
 
 def test_dual_channel_promotes_in_window_evidence_and_non_temporal_is_semantic():
     mem = _memory(n_days=30, per_day=2)  # 60 messages, 2 a day
+
     def unit(x):
         return np.array(x, dtype=np.float32) / np.linalg.norm(x)
 
@@ -154,7 +187,10 @@ def test_dual_channel_promotes_in_window_evidence_and_non_temporal_is_semantic()
     assert np.all(np.diff(scores_w) <= 0)
     # temporal=False in the config forces the semantic path even with windows
     off = RetrievalConfig(k=5, semantic="dense", temporal=False)
-    assert dual_channel_rank(sim, ts_days, WindowPrediction(True, (Window(day20, day20),)), off, 5)[0].tolist() == ids.tolist()
+    assert (
+        dual_channel_rank(sim, ts_days, WindowPrediction(True, (Window(day20, day20),)), off, 5)[0].tolist()
+        == ids.tolist()
+    )
 
 
 def test_hybrid_similarity_is_rrf():

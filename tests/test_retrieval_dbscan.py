@@ -21,8 +21,10 @@ def test_paper_values_are_converted_to_days():
     # The rule reads them in days: three seeds 5.5 h apart form one cluster (eps 12 h,
     # density 3 / 11 h = 6.5 per day > mu = 6), three seeds 13 h apart are noise.
     hours = lambda *h: np.array(h) / 24
-    assert [(n, round(lo * 24, 6), round(hi * 24, 6)) for lo, hi, _, n in
-            dbscan_windows(hours(0, 5.5, 11), [None] * 3, PAPER)] == [(3, 0.0, 11.0)]
+    assert [
+        (n, round(lo * 24, 6), round(hi * 24, 6))
+        for lo, hi, _, n in dbscan_windows(hours(0, 5.5, 11), [None] * 3, PAPER)
+    ] == [(3, 0.0, 11.0)]
     assert dbscan_windows(hours(0, 13, 26), [None] * 3, PAPER) == []
 
 

@@ -9,17 +9,25 @@ import numpy as np
 import pytest
 
 from tider.locator.sources import gold_predictions, make_source
-from tider.scoring import evidence_coverage
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.embed import Embedder
-from tider.types import Gold, Memory, Message, Query, Window, WindowPrediction
+from tider.scoring import evidence_coverage
+from tider.types import Gold, Memory, Message, Query, Window
 
 LOCOMO = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "locomo" / "locomo_dev.json"
 T0 = datetime(2023, 1, 2, 10, 0)
-TEXTS = ["I adopted a puppy named Max", "We went hiking in the Alps", "My sister got married in June",
-         "I started learning the violin", "Max chewed my new shoes", "The Alps trip was freezing",
-         "Violin lessons are hard but fun", "The wedding cake was chocolate", "Max learned to sit",
-         "Planning another hike next spring"]
+TEXTS = [
+    "I adopted a puppy named Max",
+    "We went hiking in the Alps",
+    "My sister got married in June",
+    "I started learning the violin",
+    "Max chewed my new shoes",
+    "The Alps trip was freezing",
+    "Violin lessons are hard but fun",
+    "The wedding cake was chocolate",
+    "Max learned to sit",
+    "Planning another hike next spring",
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +37,28 @@ def embedder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def toy(embedder):
-    msgs = [Message(id=i, key=f"D{i}", text=t, timestamp=T0 + timedelta(days=20 * i), speaker="Ann" if i % 2 else "Bo",
-                    session=f"s{i}") for i, t in enumerate(TEXTS)]
+    msgs = [
+        Message(
+            id=i,
+            key=f"D{i}",
+            text=t,
+            timestamp=T0 + timedelta(days=20 * i),
+            speaker="Ann" if i % 2 else "Bo",
+            session=f"s{i}",
+        )
+        for i, t in enumerate(TEXTS)
+    ]
     mem = Memory("toy", msgs)
-    q = Query("toy:q0", "toy", "What did Max chew?", T0 + timedelta(days=300), user="Bo",
-              gold=Gold(evidence_ids=(4, 8), windows=(Window(T0 + timedelta(days=80), T0 + timedelta(days=80)),),
-                        temporal=True))
+    q = Query(
+        "toy:q0",
+        "toy",
+        "What did Max chew?",
+        T0 + timedelta(days=300),
+        user="Bo",
+        gold=Gold(
+            evidence_ids=(4, 8), windows=(Window(T0 + timedelta(days=80), T0 + timedelta(days=80)),), temporal=True
+        ),
+    )
     from tider.memory import MemoryCollection
 
     return MemoryCollection({"toy": mem}, RetrievalConfig(k=3), embedder=embedder), q
@@ -63,11 +87,18 @@ def crowded(embedder):
 
     texts = ["Max chewed my new shoes", "We went hiking in the Alps"] * 5
     texts[4] = "Max chewed my new shoes out in the garden shed"
-    msgs = [Message(id=i, key=f"D{i}", text=t, timestamp=T0 + timedelta(days=20 * i), speaker="Ann", session=f"s{i}")
-            for i, t in enumerate(texts)]
+    msgs = [
+        Message(id=i, key=f"D{i}", text=t, timestamp=T0 + timedelta(days=20 * i), speaker="Ann", session=f"s{i}")
+        for i, t in enumerate(texts)
+    ]
     day80 = Window(T0 + timedelta(days=80), T0 + timedelta(days=80))
-    q = Query("c:q0", "c", "What did Max chew?", T0 + timedelta(days=300),
-              gold=Gold(evidence_ids=(4,), windows=(day80,), temporal=True))
+    q = Query(
+        "c:q0",
+        "c",
+        "What did Max chew?",
+        T0 + timedelta(days=300),
+        gold=Gold(evidence_ids=(4,), windows=(day80,), temporal=True),
+    )
     return MemoryCollection({"c": Memory("c", msgs)}, RetrievalConfig(k=1), embedder=embedder), q
 
 

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from tider.train import rewards as R
 from tider.scoring import answer_tokens
+from tider.train import rewards as R
 from tider.train.rewards import RewardContext, make_rewards, proximity_score
 from tider.types import WindowPrediction
 
@@ -30,9 +30,15 @@ def _call(names, completions, gold_windows, gold_temporal, ctx=None, **extra):
     columns = dict(gold_windows=gold_windows, gold_temporal=gold_temporal, granularity=["day"] * n, **extra)
     out = {}
     for f in fns:
-        out[f.__name__] = f(prompts=[[]] * n, completions=[_conv(c) for c in completions], completion_ids=[[1]] * n,
-                            trainer_state=None, log_metric=logged.__setitem__,
-                            log_extra=lambda col, vals: extras.setdefault(col, []).extend(vals), **columns)
+        out[f.__name__] = f(
+            prompts=[[]] * n,
+            completions=[_conv(c) for c in completions],
+            completion_ids=[[1]] * n,
+            trainer_state=None,
+            log_metric=logged.__setitem__,
+            log_extra=lambda col, vals: extras.setdefault(col, []).extend(vals),
+            **columns,
+        )
     return out, logged, extras
 
 
@@ -64,7 +70,7 @@ def test_proximity_is_smooth_across_the_window_edge():
     from tider.types import Window
 
     gold = [Window(datetime(2023, 5, 1), datetime(2023, 5, 3))]
-    day = lambda d: [Window(datetime(2023, 5, d), datetime(2023, 5, d))]  # noqa: E731
+    day = lambda d: [Window(datetime(2023, 5, d), datetime(2023, 5, d))]
     assert proximity_score(day(3), gold, "day", 7.0) == 1.0  # inside
     assert proximity_score(day(4), gold, "day", 7.0) == 1.0  # touching the last gold day
     # 05-10 starts 6 whole days after the gold ends (05-04 .. 05-09 in between).
@@ -121,11 +127,17 @@ def test_evidence_coverage_and_answer_span_use_the_real_store(small_world):
     qs = queries + queries + queries[:1]
     ctx = RewardContext(dataset=ds, store=store, k=k)
     out, logged, _ = _call(
-        ["evidence_coverage", "answer_span"], completions, [list(g) for g in golds] * 2 + [list(golds[0])],
-        [True] * len(qs), ctx=ctx, query_key=[q.key for q in qs], memory_key=[q.memory_key for q in qs],
-        evidence_ids=[list(q.gold.evidence_ids) for q in qs], answer=[q.gold.answer for q in qs],
+        ["evidence_coverage", "answer_span"],
+        completions,
+        [list(g) for g in golds] * 2 + [list(golds[0])],
+        [True] * len(qs),
+        ctx=ctx,
+        query_key=[q.key for q in qs],
+        memory_key=[q.memory_key for q in qs],
+        evidence_ids=[list(q.gold.evidence_ids) for q in qs],
+        answer=[q.gold.answer for q in qs],
     )
-    oracle, semantic = out["evidence_coverage"][:n], out["evidence_coverage"][n:2 * n]
+    oracle, semantic = out["evidence_coverage"][:n], out["evidence_coverage"][n : 2 * n]
     # Each value is the share of gold evidence among the ids the store retrieves for that prediction.
     for q, value in zip(queries, oracle):
         ids = store.retrieve(q.public(), WindowPrediction(True, tuple(q.gold.windows)), k)[0].tolist()
@@ -155,14 +167,25 @@ def test_answer_correct_memoizes_reader_calls(small_world, tiny_qwen3_dir):
     ctx = RewardContext(dataset=ds, store=store, reader=reader)
     q = next(q for q in ds.queries if q.gold.temporal and q.gold.answer)
     text, gold = _gold_json(q)
-    args = dict(query_key=[q.key] * 3, memory_key=[q.memory_key] * 3, evidence_ids=[list(q.gold.evidence_ids)] * 3,
-                answer=[q.gold.answer] * 3)
+    args = dict(
+        query_key=[q.key] * 3,
+        memory_key=[q.memory_key] * 3,
+        evidence_ids=[list(q.gold.evidence_ids)] * 3,
+        answer=[q.gold.answer] * 3,
+    )
     out, _, _ = _call(["answer_correct"], [text, text, GARBAGE], [gold] * 3, [True] * 3, ctx=ctx, **args)
     assert out["answer_correct"][2] == 0.0 and all(0.0 <= v <= 1.0 for v in out["answer_correct"])
     assert out["answer_correct"][0] == out["answer_correct"][1]
     assert reader.usage_by_stage()["reward_reader"]["calls"] == 1  # same (query, retrieved ids): one call
     with pytest.raises(ValueError, match="answer_span"):
-        _call(["answer_correct"], [text], [gold], [True], ctx=RewardContext(dataset=ds, store=store), **{k: v[:1] for k, v in args.items()})
+        _call(
+            ["answer_correct"],
+            [text],
+            [gold],
+            [True],
+            ctx=RewardContext(dataset=ds, store=store),
+            **{k: v[:1] for k, v in args.items()},
+        )
 
 
 def test_the_wide_window_shortcut_earns_less_than_a_precise_window(small_world):
@@ -170,21 +193,30 @@ def test_the_wide_window_shortcut_earns_less_than_a_precise_window(small_world):
     evidence (coverage paid in full, IoU ~0.1). Under the tiny recipe's rewards and weights
     that window must earn less, in expectation, than the gold windows; under v1's rewards it
     did not lose enough to matter (evidence_coverage paid it in full)."""
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/grpo/tiny-cpu.yaml").read_text())
     names, weights = recipe["reward_funcs"], recipe["reward_weights"]
     ds, store = small_world
     queries = [q for q in ds.queries if q.gold.temporal and q.gold.evidence_ids]
     span = next(iter(ds.memories.values())).span
-    wide = json.dumps({"temporal": True, "windows": [{"start": span.start.date().isoformat(), "end": span.end.date().isoformat()}]})
+    wide = json.dumps(
+        {"temporal": True, "windows": [{"start": span.start.date().isoformat(), "end": span.end.date().isoformat()}]}
+    )
     precise, golds = zip(*(_gold_json(q) for q in queries))
     n = len(queries)
-    columns = dict(query_key=[q.key for q in queries] * 2, memory_key=[q.memory_key for q in queries] * 2,
-                   evidence_ids=[list(q.gold.evidence_ids) for q in queries] * 2, answer=[q.gold.answer for q in queries] * 2)
+    columns = dict(
+        query_key=[q.key for q in queries] * 2,
+        memory_key=[q.memory_key for q in queries] * 2,
+        evidence_ids=[list(q.gold.evidence_ids) for q in queries] * 2,
+        answer=[q.gold.answer for q in queries] * 2,
+    )
     ctx = RewardContext(dataset=ds, store=store, k=5)  # a 200-message memory crowds k=5 as a year crowds k=20
-    out, _, _ = _call(names, list(precise) + [wide] * n, [list(g) for g in golds] * 2, [True] * 2 * n, ctx=ctx, **columns)
+    out, _, _ = _call(
+        names, list(precise) + [wide] * n, [list(g) for g in golds] * 2, [True] * 2 * n, ctx=ctx, **columns
+    )
     total = [sum(w * out[name][i] for name, w in zip(names, weights)) for i in range(2 * n)]
     assert sum(total[:n]) / n > sum(total[n:]) / n + 1.0
     gain = out["evidence_gain"]
@@ -206,8 +238,12 @@ def test_answer_correct_with_a_dead_reader_gives_counted_zeros(small_world):
     ctx = RewardContext(dataset=ds, store=store, reader=reader)
     q = next(q for q in ds.queries if q.gold.temporal and q.gold.answer)
     text, gold = _gold_json(q)
-    args = dict(query_key=[q.key] * 2, memory_key=[q.memory_key] * 2, evidence_ids=[list(q.gold.evidence_ids)] * 2,
-                answer=[q.gold.answer] * 2)
+    args = dict(
+        query_key=[q.key] * 2,
+        memory_key=[q.memory_key] * 2,
+        evidence_ids=[list(q.gold.evidence_ids)] * 2,
+        answer=[q.gold.answer] * 2,
+    )
     t0 = time.monotonic()
     out, logged, _ = _call(["answer_correct"], [text, GARBAGE], [gold] * 2, [True] * 2, ctx=ctx, **args)
     assert time.monotonic() - t0 < 30
@@ -226,8 +262,9 @@ def test_reader_that_is_not_up_fails_fast_with_its_url():
     from tider.train.grpo import reader_client
 
     url = f"http://127.0.0.1:{free_port()}/v1"
-    args = GRPOScriptArguments(reward_funcs=["format", "answer_correct"], reader_model="r", reader_base_url=url,
-                               reader_wait_timeout=2.0)
+    args = GRPOScriptArguments(
+        reward_funcs=["format", "answer_correct"], reader_model="r", reader_base_url=url, reader_wait_timeout=2.0
+    )
     with pytest.raises(TimeoutError, match=url.replace(".", r"\.")):
         reader_client(args)
     assert reader_client(GRPOScriptArguments(reward_funcs=["format"])) is None

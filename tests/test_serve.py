@@ -29,23 +29,40 @@ def _args(*argv):
 
 def test_command_line_for_cpu_venv(export_dir, monkeypatch):
     monkeypatch.setenv("TIDER_API_KEY", "sekret")
-    args = _args("--model", str(export_dir), "--dtype", "float32", "--structured-outputs-backend", "xgrammar",
-                 "--tensor-parallel-size", "2", "--max-model-len", "2048")
+    args = _args(
+        "--model",
+        str(export_dir),
+        "--dtype",
+        "float32",
+        "--structured-outputs-backend",
+        "xgrammar",
+        "--tensor-parallel-size",
+        "2",
+        "--max-model-len",
+        "2048",
+    )
     server = serve.make_server(args)
     cmd = server.command()
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     joined = " ".join(cmd)
     # the key reaches vLLM as VLLM_API_KEY in its environment, never in argv (visible in `ps`)
     assert server.api_key == "sekret" and "sekret" not in joined
-    for flag in ("--host 127.0.0.1", "--served-model-name tider-locator", "--dtype float32",
-                 "--max-model-len 2048", "--tensor-parallel-size 2"):
+    for flag in (
+        "--host 127.0.0.1",
+        "--served-model-name tider-locator",
+        "--dtype float32",
+        "--max-model-len 2048",
+        "--tensor-parallel-size 2",
+    ):
         assert flag in joined, flag
     config = cmd[cmd.index("--structured-outputs-config") + 1]
     assert json.loads(config) == {"backend": "xgrammar"}
 
 
 def test_command_line_for_vllm_serve(export_dir):
-    cmd = serve.make_server(_args("--model", str(export_dir), "--launcher", "vllm-serve", "--host", "0.0.0.0")).command()
+    cmd = serve.make_server(
+        _args("--model", str(export_dir), "--launcher", "vllm-serve", "--host", "0.0.0.0")
+    ).command()
     assert cmd[0].endswith("vllm") and cmd[1] == "serve" and cmd[2] == str(export_dir.resolve())
     assert "--model" not in cmd and "--host" in cmd and cmd[cmd.index("--host") + 1] == "0.0.0.0"
 
@@ -81,7 +98,9 @@ def test_untrained_model_fails_typed_and_falls_back(export_dir):
 
     memory = Memory("m", [Message(0, "a", "hello", datetime(2023, 5, 1), "x", "s1")], "day")
     query = Query("q", "m", "When did we meet?", datetime(2023, 6, 1))
-    client = LLMClient(LocalHFBackend(str(export_dir), dtype="float32", chat_template_kwargs=NO_THINKING), max_retries=0)
+    client = LLMClient(
+        LocalHFBackend(str(export_dir), dtype="float32", chat_template_kwargs=NO_THINKING), max_retries=0
+    )
     source = ChatWindowSource(client, name="locator", granularity="day", max_tokens=8)
     assert source.predict(query, memory, Timeline()) == NON_TEMPORAL
     assert sum(source.failures.values()) == 1 and source.last_outcomes[0].failure in ("no_json", "schema")

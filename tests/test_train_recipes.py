@@ -47,7 +47,9 @@ def test_production_grpo_follows_tider_table_7():
     assert t.lr_scheduler_type == "cosine" and t.warmup_steps == 0.1
     assert t.use_vllm and t.vllm_mode == "colocate" and t.bf16
     assert t.chat_template_kwargs == {"enable_thinking": False} and t.log_completions
-    _, m, _ = parse_recipe("grpo", ["--config", str(ROOT / "configs/grpo/qwen3-1.7b-multinode.yaml"), "--use_cpu", "true"])
+    _, m, _ = parse_recipe(
+        "grpo", ["--config", str(ROOT / "configs/grpo/qwen3-1.7b-multinode.yaml"), "--use_cpu", "true"]
+    )
     assert m.vllm_mode == "server"
 
 

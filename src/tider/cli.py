@@ -25,7 +25,8 @@ COMMAND_MODULES = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tider", description="Train, serve and evaluate a learned temporal-window locator for agent memory.")
+        prog="tider", description="Train, serve and evaluate a learned temporal-window locator for agent memory."
+    )
     sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)

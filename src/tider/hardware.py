@@ -134,5 +134,14 @@ def describe() -> str:
     return f"{cpu_model()}, {cpu_cores()} cores, {bf16}, " + (f"GPU {gpu}" if gpu else "no GPU")
 
 
-__all__ = ["auto_dtype", "cpu_cores", "cpu_model", "cpu_native_bf16", "describe", "gpu_name", "log_choice", "matmul_ms",
-           "resolve_dtype"]
+__all__ = [
+    "auto_dtype",
+    "cpu_cores",
+    "cpu_model",
+    "cpu_native_bf16",
+    "describe",
+    "gpu_name",
+    "log_choice",
+    "matmul_ms",
+    "resolve_dtype",
+]

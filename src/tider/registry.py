@@ -8,7 +8,8 @@ module that registers it on import, so heavy or optional parts load only when as
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Generic, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Generic, TypeVar
 
 T = TypeVar("T", bound=Callable)
 
@@ -39,7 +40,9 @@ class Registry(Generic[T]):
             try:
                 importlib.import_module(self.lazy[name])
             except ModuleNotFoundError as err:
-                raise ValueError(f"{self.kind} {name!r} lives in {self.lazy[name]}, which is not available: {err}") from err
+                raise ValueError(
+                    f"{self.kind} {name!r} lives in {self.lazy[name]}, which is not available: {err}"
+                ) from err
         if name not in self._items:
             raise ValueError(f"unknown {self.kind} {name!r}; known: {', '.join(self.known())}")
         return self._items[name]

@@ -32,7 +32,8 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from typing import Any, Iterable, Optional, Sequence, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
 
 from tider.types import GRANULARITY_UNIT, Granularity, Window, floor_time
 
@@ -55,8 +56,10 @@ def merge_intervals(spans: Iterable[tuple[T, T]], gap: Any = None) -> list[tuple
 def unit_span(window: Window, granularity: Granularity) -> tuple[float, float]:
     """Half-open ``[first unit, last unit + 1)`` covered by ``window``, in granularity units."""
     unit = GRANULARITY_UNIT[granularity].total_seconds()
-    return (floor_time(window.start, granularity).timestamp() / unit,
-            floor_time(window.end, granularity).timestamp() / unit + 1)
+    return (
+        floor_time(window.start, granularity).timestamp() / unit,
+        floor_time(window.end, granularity).timestamp() / unit + 1,
+    )
 
 
 def covered_units(windows: Iterable[Window], granularity: Granularity) -> list[tuple[float, float]]:
@@ -118,8 +121,17 @@ def evidence_coverage(retrieved_ids: Sequence[int], gold_ids: Iterable[int], k: 
 # ---------------------------------------------------------------------- answers
 _ARTICLES = re.compile(r"\b(a|an|the|and)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
-ABSTENTION_PHRASES = ("no information available", "not mentioned", "no information", "not available",
-                      "cannot be determined", "unknown", "not specified", "does not mention", "no mention")
+ABSTENTION_PHRASES = (
+    "no information available",
+    "not mentioned",
+    "no information",
+    "not available",
+    "cannot be determined",
+    "unknown",
+    "not specified",
+    "does not mention",
+    "no mention",
+)
 MULTI_HOP = {"1", "multi-hop"}
 ADVERSARIAL = {"5", "adversarial"}
 
@@ -156,7 +168,7 @@ def is_abstention(prediction: str) -> bool:
     return any(phrase in text for phrase in ABSTENTION_PHRASES)
 
 
-def answer_f1(prediction: str, gold: Optional[str], category: Optional[str]) -> float:
+def answer_f1(prediction: str, gold: str | None, category: str | None) -> float:
     """F1 of ``prediction`` for a query of ``category`` (see module docstring)."""
     category = str(category) if category is not None else ""
     if category in ADVERSARIAL:

@@ -11,7 +11,7 @@ punctuation, drop articles) so F1 stays comparable with published LoCoMo numbers
 from __future__ import annotations
 
 import re
-from typing import Collection
+from collections.abc import Collection
 
 _WORD = re.compile(r"\w+")
 

@@ -13,9 +13,10 @@ Decisions (see DESIGN.md):
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Literal, Optional, Sequence
+from typing import Literal
 
 Granularity = Literal["day", "minute"]
 GRANULARITY_UNIT: dict[str, timedelta] = {"day": timedelta(days=1), "minute": timedelta(minutes=1)}
@@ -47,7 +48,7 @@ class Window:
     def contains(self, ts: datetime) -> bool:
         return self.start <= ts <= self.end
 
-    def widen(self, by: timedelta) -> "Window":
+    def widen(self, by: timedelta) -> Window:
         return Window(self.start - by, self.end + by)
 
     def distance(self, ts: datetime) -> timedelta:
@@ -87,11 +88,11 @@ class Message:
     timestamp: datetime
     speaker: str
     session: str
-    channel: Optional[str] = None
-    topic: Optional[str] = None
-    phase: Optional[str] = None
-    stage: Optional[int] = None
-    role: Optional[str] = None
+    channel: str | None = None
+    topic: str | None = None
+    phase: str | None = None
+    stage: int | None = None
+    role: str | None = None
 
 
 class Memory:
@@ -130,7 +131,7 @@ class Memory:
     def __iter__(self):
         return iter(self.messages)
 
-    def id_of(self, key: str) -> Optional[int]:
+    def id_of(self, key: str) -> int | None:
         """The id of the message whose source key is ``key`` (None if there is none)."""
         return self._by_key.get(key)
 
@@ -155,13 +156,13 @@ class Memory:
 class Gold:
     """Evaluation-only labels. The inference path never reads these."""
 
-    answer: Optional[str] = None
+    answer: str | None = None
     evidence_ids: tuple[int, ...] = ()
     windows: tuple[Window, ...] = ()
     temporal: bool = False
     unresolved_evidence: tuple[str, ...] = ()  # raw evidence refs that matched no message
     # LoCoMo category 5: the tempting wrong answer that a good reader rejects.
-    adversarial_answer: Optional[str] = None
+    adversarial_answer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -172,11 +173,11 @@ class Query:
     memory_key: str
     text: str
     asked_at: datetime
-    user: Optional[str] = None
-    category: Optional[str] = None
+    user: str | None = None
+    category: str | None = None
     gold: Gold = field(default_factory=Gold, repr=False, compare=False)
 
-    def public(self) -> "Query":
+    def public(self) -> Query:
         """The query as the inference path may see it: gold labels stripped."""
         return replace(self, gold=Gold())
 

@@ -11,7 +11,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("data", help="dataset statistics and the synthetic benchmark")
     sub = parser.add_subparsers(dest="data_command", metavar="<data command>", required=True)
 
-    stats = sub.add_parser("stats", help="counts: conversations, sessions, messages, queries by category / window bucket")
+    stats = sub.add_parser(
+        "stats", help="counts: conversations, sessions, messages, queries by category / window bucket"
+    )
     stats.add_argument("--dataset", required=True, choices=DATASET_NAMES)
     stats.add_argument("--path", default=None, help="file or directory (synthetic: omit for the embedded default)")
     stats.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -46,7 +48,15 @@ def run_stats(args: argparse.Namespace) -> int:
     table = Table(title=f"{stats['dataset']} ({args.path or 'embedded default'})")
     table.add_column("statistic")
     table.add_column("value", justify="right")
-    for key in ("granularity", "conversations", "sessions", "messages", "queries", "temporal_queries", "unresolved_evidence"):
+    for key in (
+        "granularity",
+        "conversations",
+        "sessions",
+        "messages",
+        "queries",
+        "temporal_queries",
+        "unresolved_evidence",
+    ):
         table.add_row(key, str(stats[key]))
     for name, count in stats["by_category"].items():
         table.add_row(f"category {name}", str(count))

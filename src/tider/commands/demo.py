@@ -26,8 +26,12 @@ DEMO_KS = (5, 10, 20, 50)
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="synthetic data -> SFT -> GRPO -> export -> vLLM -> comparison report",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "demo",
+        help="synthetic data -> SFT -> GRPO -> export -> vLLM -> comparison report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--recipe", default="tiny-cpu", help="recipe name: configs/sft/NAME.yaml and configs/grpo/NAME.yaml")
     p.add_argument("--dataset", default="synthetic", help="dataset loader (synthetic is generated into --out/data)")
     p.add_argument("--path", default=None, help="dataset file for file-backed loaders (e.g. LoCoMo JSON)")
@@ -39,17 +43,29 @@ def register(subparsers) -> None:
     p.add_argument("--sft-steps", type=int, default=None, help="override the SFT recipe's max_steps")
     p.add_argument("--grpo-steps", type=int, default=None, help="override the GRPO recipe's max_steps")
     p.add_argument("--export-dtype", default=None, help="default: float32 on CPU (exact vLLM parity), bfloat16 on GPU")
-    p.add_argument("--baselines", default="none,rules,dbscan-tuned,timeline", help="learning-free window sources to compare")
-    p.add_argument("--split", default="heldout", choices=["train", "validation", "test", "heldout", "all"],
-                   help="conversations to evaluate on (the locator trains on 'train'; heldout = validation + test)")
+    p.add_argument(
+        "--baselines", default="none,rules,dbscan-tuned,timeline", help="learning-free window sources to compare"
+    )
+    p.add_argument(
+        "--split",
+        default="heldout",
+        choices=["train", "validation", "test", "heldout", "all"],
+        help="conversations to evaluate on (the locator trains on 'train'; heldout = validation + test)",
+    )
     p.add_argument("--limit", type=int, default=None, help="first N eligible queries in the comparison")
-    p.add_argument("--no-serve", action="store_true",
-                   help="run the locator with local transformers instead of a vLLM server (no vLLM venv needed)")
+    p.add_argument(
+        "--no-serve",
+        action="store_true",
+        help="run the locator with local transformers instead of a vLLM server (no vLLM venv needed)",
+    )
     p.add_argument("--port", type=int, default=None, help="vLLM port (default: a free one)")
     p.add_argument("--fresh", action="store_true", help="delete --out first")
-    p.add_argument("--from-scratch", action="store_true",
-                   help="tiny recipes: build a fresh tiny Qwen3 under --out instead of starting from the recipe's "
-                        "pretrained model_name_or_path (models/tiny-locator-v2)")
+    p.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="tiny recipes: build a fresh tiny Qwen3 under --out instead of starting from the recipe's "
+        "pretrained model_name_or_path (models/tiny-locator-v2)",
+    )
     p.set_defaults(func=run, passthrough=True)
 
 
@@ -97,7 +113,6 @@ def run(args) -> int:
     import yaml
 
     from tider.data import load_dataset
-
     from tider.train.output import quiet_libraries
 
     quiet_libraries()  # model-loading bars and library INFO stay out of the demo's own output
@@ -162,8 +177,10 @@ def run(args) -> int:
         if not report.greedy_identical:
             raise SystemExit(f"export differs from the GRPO checkpoint: {report.greedy_mismatches[:1]}")
     exported = json.loads((export_dir / "export_report.json").read_text())
-    print(f"export: {exported['dtype']} ({exported['source_layout']}), max |logit diff| {exported['max_abs_logit_diff']}, "
-          f"greedy identical: {exported['greedy_identical']}")
+    print(
+        f"export: {exported['dtype']} ({exported['source_layout']}), max |logit diff| {exported['max_abs_logit_diff']}, "
+        f"greedy identical: {exported['greedy_identical']}"
+    )
     _done(t0, times, "export")
 
     # 6-7. Serve with vLLM and compare on held-out conversations.
@@ -180,8 +197,10 @@ def run(args) -> int:
         console.print("## " + sections[1], markup=False, soft_wrap=True)
     (out / "timings.json").write_text(json.dumps(times, indent=2))
     console.print(f"stage timings (s): {times}; total {sum(times.values()):.0f} s")
-    console.print(f"report: {out / 'compare' / 'compare.md'}; plots: {out / 'compare'}/compare.png, "
-                  f"{out / 'compare' / 'retrieval'}/*.png")
+    console.print(
+        f"report: {out / 'compare' / 'compare.md'}; plots: {out / 'compare'}/compare.png, "
+        f"{out / 'compare' / 'retrieval'}/*.png"
+    )
     return 0
 
 
@@ -211,8 +230,20 @@ def _serve_and_compare(args, dataset, data_path, export_dir: Path, out: Path, dt
         serve.register(parser.add_subparsers())
         # Eager on CPU: vLLM's compile warm-up costs ~100 s there and buys a tiny model nothing.
         eager = ["--enforce-eager"] if _on_cpu() else []
-        serve_args = parser.parse_args(["serve", "--model", str(export_dir), "--dtype", dtype, *eager,
-                                        "--max-model-len", "4096", "--log", str(out / "vllm.log")])
+        serve_args = parser.parse_args(
+            [
+                "serve",
+                "--model",
+                str(export_dir),
+                "--dtype",
+                dtype,
+                *eager,
+                "--max-model-len",
+                "4096",
+                "--log",
+                str(out / "vllm.log"),
+            ]
+        )
         serve_args.port = args.port  # None: a free port
         server = serve.make_server(serve_args)
         options = None
@@ -222,9 +253,15 @@ def _serve_and_compare(args, dataset, data_path, export_dir: Path, out: Path, dt
             options = {"locator": {"url": server.base_url}}
         _done(t0, times, "serve")
         t0 = _banner("7/7", f"compare on the {args.split} split")
-        config = CompareConfig(baselines=[b for b in args.baselines.split(",") if b], source_options=options,
-                               memory_keys=memory_keys, limit=args.limit, retrieval=RetrievalConfig(),
-                               ks=DEMO_KS, mcnemar_k=20)
+        config = CompareConfig(
+            baselines=[b for b in args.baselines.split(",") if b],
+            source_options=options,
+            memory_keys=memory_keys,
+            limit=args.limit,
+            retrieval=RetrievalConfig(),
+            ks=DEMO_KS,
+            mcnemar_k=20,
+        )
         # overwrite: the locator behind the URL may be a new model (or the port a new one).
         comparison = run_compare(dataset, config, out / "compare", data_path=data_path, overwrite=True)
         _done(t0, times, "compare")

@@ -7,25 +7,39 @@ from __future__ import annotations
 
 import argparse
 
-from tider.commands.eval_options import (add_window_source_options, require_options_for, split_csv,
-                                         window_source_options)
+from tider.commands.eval_options import add_window_source_options, require_options_for, split_csv, window_source_options
 
 
 def register(eval_subparsers) -> None:
-    p = eval_subparsers.add_parser("compare", help="the locator against every learning-free window source (+ oracle)",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = eval_subparsers.add_parser(
+        "compare",
+        help="the locator against every learning-free window source (+ oracle)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--dataset", required=True, help="dataset loader name (locomo, longmemeval, jsonl, synthetic)")
     p.add_argument("--path", default=None, help="dataset file or directory")
     p.add_argument("--out", required=True, help="run directory (retrieval/, qa/, compare.json/md/png); resumable")
-    p.add_argument("--baselines", default="none,rules,dbscan-paper,dbscan-tuned,timeline",
-                   help="learning-free window sources; NAME@MODE overrides the semantic channel")
+    p.add_argument(
+        "--baselines",
+        default="none,rules,dbscan-paper,dbscan-tuned,timeline",
+        help="learning-free window sources; NAME@MODE overrides the semantic channel",
+    )
     p.add_argument("--no-oracle", action="store_true", help="leave out the gold-window upper bound")
     p.add_argument("--k", default="5,10,20,50", help="comma-separated cut-offs (20 is used for McNemar)")
-    p.add_argument("--semantic", default=None, choices=["dense", "bm25", "hybrid"],
-                   help="semantic channel for every method (default: the retrieval config's, hybrid)")
+    p.add_argument(
+        "--semantic",
+        default=None,
+        choices=["dense", "bm25", "hybrid"],
+        help="semantic channel for every method (default: the retrieval config's, hybrid)",
+    )
     p.add_argument("--config", default=None, help="YAML/JSON file with RetrievalConfig fields")
-    p.add_argument("--split", default="test", choices=["train", "validation", "test", "heldout", "all"],
-                   help="conversation-level split to evaluate (the locator trains on 'train'); heldout = validation + test; all = every memory")
+    p.add_argument(
+        "--split",
+        default="test",
+        choices=["train", "validation", "test", "heldout", "all"],
+        help="conversation-level split to evaluate (the locator trains on 'train'); heldout = validation + test; all = every memory",
+    )
     p.add_argument("--split-seed", type=int, default=0, help="seed of the split (the training recipe's split_seed)")
     p.add_argument("--exclude-categories", default="5,adversarial", help="query categories to skip ('' keeps all)")
     p.add_argument("--limit", type=int, default=None, help="first N eligible queries (smoke runs)")
@@ -41,7 +55,6 @@ def register(eval_subparsers) -> None:
     p.set_defaults(func=run)
 
 
-
 def rich_table(comparison: dict):
     from rich.table import Table
 
@@ -53,8 +66,9 @@ def rich_table(comparison: dict):
     for c in cols:
         table.add_column(c, justify="right")
     for m, row in comparison["table"].items():
-        cells = ["-" if row.get(c) is None else (f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]))
-                 for c in cols]
+        cells = [
+            "-" if row.get(c) is None else (f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c])) for c in cols
+        ]
         table.add_row(m, *cells, style="green" if m == LEARNED else None)
     return table
 
@@ -74,9 +88,15 @@ def run(args: argparse.Namespace) -> int:
     dataset = load_dataset(args.dataset, args.path)
     memory_keys = memory_keys_of(dataset.memories, args.split, seed=args.split_seed)
     config = CompareConfig(
-        baselines=split_csv(args.baselines), source_options=options, oracle=not args.no_oracle,
-        ks=[int(k) for k in split_csv(args.k)], exclude_categories=split_csv(args.exclude_categories),
-        memory_keys=memory_keys, limit=args.limit, retrieval=load_retrieval_config(args.config, args.semantic))
+        baselines=split_csv(args.baselines),
+        source_options=options,
+        oracle=not args.no_oracle,
+        ks=[int(k) for k in split_csv(args.k)],
+        exclude_categories=split_csv(args.exclude_categories),
+        memory_keys=memory_keys,
+        limit=args.limit,
+        retrieval=load_retrieval_config(args.config, args.semantic),
+    )
     qa = None
     if args.reader:
         from tider.llm.client import make_client
@@ -85,8 +105,11 @@ def run(args: argparse.Namespace) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         kwargs = {"enable_thinking": False} if args.no_thinking else None
         reader = make_client(args.reader, model=args.reader_model, cache_path=cache, chat_template_kwargs=kwargs)
-        judge = reader if not args.judge else make_client(args.judge, model=args.judge_model, cache_path=cache,
-                                                          chat_template_kwargs=kwargs)
+        judge = (
+            reader
+            if not args.judge
+            else make_client(args.judge, model=args.judge_model, cache_path=cache, chat_template_kwargs=kwargs)
+        )
         qa = {"reader": reader, "judge": judge, "config": {"classifier": args.classifier}}
     comparison = run_compare(dataset, config, args.out, data_path=args.path, overwrite=args.overwrite, qa=qa)
     console = Console(width=max(Console().width, 150))  # the table is wide; a pipe defaults to 80 columns
@@ -94,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     sections = markdown(comparison).split("\n## ", 1)  # the table above, then gap, McNemar, breakdowns
     if len(sections) == 2:
         console.print("## " + sections[1], markup=False, soft_wrap=True)
-    console.print(f"report: {Path(args.out) / 'compare.md'}, plots: {Path(args.out) / 'compare.png'}, "
-                  f"{Path(args.out) / 'retrieval'}/*.png")
+    console.print(
+        f"report: {Path(args.out) / 'compare.md'}, plots: {Path(args.out) / 'compare.png'}, "
+        f"{Path(args.out) / 'retrieval'}/*.png"
+    )
     return 0

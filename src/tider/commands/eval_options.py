@@ -26,17 +26,31 @@ def split_csv(text: str) -> list[str]:
 
 def add_window_source_options(parser) -> None:
     group = parser.add_argument_group("model-backed window sources (locator, prompted)")
-    group.add_argument("--locator-url", default=None, help="OpenAI-compatible base URL serving the locator (tider serve)")
-    group.add_argument("--locator-model", default=None,
-                       help="local locator checkpoint/export, or the served model name with --locator-url")
-    group.add_argument("--locator-meta", default=None,
-                       help="the locator's export folder or tider_locator.json (needed with --locator-url when the "
-                            "server's model folder is not visible on this machine)")
-    group.add_argument("--locator-allow-unknown-settings", action="store_true",
-                       help="run the locator even when its training prompt settings are unknown (prompt defaults)")
+    group.add_argument(
+        "--locator-url", default=None, help="OpenAI-compatible base URL serving the locator (tider serve)"
+    )
+    group.add_argument(
+        "--locator-model",
+        default=None,
+        help="local locator checkpoint/export, or the served model name with --locator-url",
+    )
+    group.add_argument(
+        "--locator-meta",
+        default=None,
+        help="the locator's export folder or tider_locator.json (needed with --locator-url when the "
+        "server's model folder is not visible on this machine)",
+    )
+    group.add_argument(
+        "--locator-allow-unknown-settings",
+        action="store_true",
+        help="run the locator even when its training prompt settings are unknown (prompt defaults)",
+    )
     group.add_argument("--prompted-url", default=None, help="OpenAI-compatible base URL of an instruction model")
-    group.add_argument("--prompted-model", default=None,
-                       help="served model name with --prompted-url, else a local instruction checkpoint")
+    group.add_argument(
+        "--prompted-model",
+        default=None,
+        help="served model name with --prompted-url, else a local instruction checkpoint",
+    )
 
 
 def window_source_options(args) -> dict:

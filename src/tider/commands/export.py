@@ -21,11 +21,21 @@ def register(subparsers) -> None:
     )
     p.add_argument("--checkpoint", required=True, help="trainer output or checkpoint-N folder")
     p.add_argument("--out", required=True, help="export folder to write")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weights dtype; float32 makes CPU vLLM match local greedy decoding exactly")
-    p.add_argument("--base-model", default=None, help="base model for a LoRA adapter (default: from adapter_config.json)")
-    p.add_argument("--granularity", default=None, choices=["day", "minute"],
-                   help="time granularity the locator speaks (default: from training's tider_locator.json)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights dtype; float32 makes CPU vLLM match local greedy decoding exactly",
+    )
+    p.add_argument(
+        "--base-model", default=None, help="base model for a LoRA adapter (default: from adapter_config.json)"
+    )
+    p.add_argument(
+        "--granularity",
+        default=None,
+        choices=["day", "minute"],
+        help="time granularity the locator speaks (default: from training's tider_locator.json)",
+    )
     p.add_argument("--data-hash", default=None, help="training-data hash to record (default: from training)")
     p.add_argument("--no-verify", action="store_true", help="skip the reload + logits/greedy comparison")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
@@ -36,8 +46,14 @@ def run(args) -> int:
     from tider.train.export import export_locator
 
     report = export_locator(
-        args.checkpoint, args.out, dtype=args.dtype, base_model=args.base_model, granularity=args.granularity,
-        data_hash=args.data_hash, verify=not args.no_verify, overwrite=args.overwrite,
+        args.checkpoint,
+        args.out,
+        dtype=args.dtype,
+        base_model=args.base_model,
+        granularity=args.granularity,
+        data_hash=args.data_hash,
+        verify=not args.no_verify,
+        overwrite=args.overwrite,
     )
     print(json.dumps(report.to_json(), indent=2))
     if report.greedy_identical is False:

@@ -1,7 +1,7 @@
 """`tider memory serve|import`: the HTTP memory service and building stores from benchmarks.
 
-    tider memory serve --path DIR [--host 127.0.0.1] [--port 8100] [--locator-url URL | --locator-model PATH]
-    tider memory import --dataset {locomo,longmemeval,jsonl,synthetic} [--path P] --out DIR
+tider memory serve --path DIR [--host 127.0.0.1] [--port 8100] [--locator-url URL | --locator-model PATH]
+tider memory import --dataset {locomo,longmemeval,jsonl,synthetic} [--path P] --out DIR
 """
 
 from __future__ import annotations
@@ -14,10 +14,16 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="memory_command", metavar="<memory command>", required=True)
     serve = sub.add_parser("serve", help="serve the stores under --path over HTTP (FastAPI + uvicorn)")
     serve.add_argument("--path", required=True, help="directory of stores, one per memory name (created if missing)")
-    serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; set TIDER_API_KEY to expose)")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default loopback; set TIDER_API_KEY to expose)"
+    )
     serve.add_argument("--port", type=int, default=8100)
-    serve.add_argument("--locator-url", default=None, help="OpenAI-compatible URL serving the locator (windows=locator)")
-    serve.add_argument("--locator-model", default=None, help="local locator export, or the served model name with --locator-url")
+    serve.add_argument(
+        "--locator-url", default=None, help="OpenAI-compatible URL serving the locator (windows=locator)"
+    )
+    serve.add_argument(
+        "--locator-model", default=None, help="local locator export, or the served model name with --locator-url"
+    )
     serve.set_defaults(func=run_serve)
     imp = sub.add_parser("import", help="build one store per conversation of a benchmark")
     imp.add_argument("--dataset", required=True, choices=["locomo", "longmemeval", "jsonl", "synthetic"])

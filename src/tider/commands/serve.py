@@ -32,25 +32,48 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=DEFAULT_SERVED_NAME, help="name clients send as `model`")
-    p.add_argument("--api-key", default=None,
-                   help="require this bearer key (default: $TIDER_API_KEY; prefer the env var, argv is visible in ps)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require this bearer key (default: $TIDER_API_KEY; prefer the env var, argv is visible in ps)",
+    )
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per replica (GPU builds)")
-    p.add_argument("--dtype", default="auto", help="vLLM --dtype (auto follows the export; float32 on CPU for exact parity)")
-    p.add_argument("--structured-outputs-backend", default="auto",
-                   choices=["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"],
-                   help="vLLM structured output backend used for the locator JSON schema")
-    p.add_argument("--enforce-eager", action="store_true",
-                   help="skip vLLM's torch.compile warm-up (minutes on a small CPU; a tiny model gains nothing from it)")
-    p.add_argument("--launcher", default="module", choices=["module", "vllm-serve"],
-                   help="module: python -m vllm.entrypoints.openai.api_server (CPU venv); vllm-serve: `vllm serve`")
-    p.add_argument("--vllm-python", default=None, help="python with vLLM (default $TIDER_VLLM_PYTHON, else this interpreter)")
+    p.add_argument(
+        "--dtype", default="auto", help="vLLM --dtype (auto follows the export; float32 on CPU for exact parity)"
+    )
+    p.add_argument(
+        "--structured-outputs-backend",
+        default="auto",
+        choices=["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"],
+        help="vLLM structured output backend used for the locator JSON schema",
+    )
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="skip vLLM's torch.compile warm-up (minutes on a small CPU; a tiny model gains nothing from it)",
+    )
+    p.add_argument(
+        "--launcher",
+        default="module",
+        choices=["module", "vllm-serve"],
+        help="module: python -m vllm.entrypoints.openai.api_server (CPU venv); vllm-serve: `vllm serve`",
+    )
+    p.add_argument(
+        "--vllm-python", default=None, help="python with vLLM (default $TIDER_VLLM_PYTHON, else this interpreter)"
+    )
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--log", default=None, help="server log file (default: a temp file, printed)")
-    p.add_argument("--skip-check", action="store_true",
-                   help="serve a model that is not a tider export (e.g. an instruction model for the prompted baseline)")
-    p.add_argument("--check-request", action="store_true",
-                   help="after start-up send one locator request with the JSON schema, print it, and exit")
+    p.add_argument(
+        "--skip-check",
+        action="store_true",
+        help="serve a model that is not a tider export (e.g. an instruction model for the prompted baseline)",
+    )
+    p.add_argument(
+        "--check-request",
+        action="store_true",
+        help="after start-up send one locator request with the JSON schema, print it, and exit",
+    )
     p.add_argument("--print-command", action="store_true", help="print the server command and exit")
     p.set_defaults(func=run)
 
@@ -80,7 +103,7 @@ def make_server(args):
                 beside = Path(self.python).parent / "vllm"  # the vLLM venv's own console script
                 exe = str(beside) if beside.exists() else (shutil.which("vllm") or str(beside))
                 model_at = cmd.index("--model")
-                cmd = [exe, "serve", cmd[model_at + 1]] + cmd[3:model_at] + cmd[model_at + 2:]
+                cmd = [exe, "serve", cmd[model_at + 1]] + cmd[3:model_at] + cmd[model_at + 2 :]
             return cmd
 
     return LocatorServer(
@@ -111,12 +134,21 @@ def check_request(base_url: str, model: str, meta, api_key: str | None) -> dict:
     from tider.memory.collection import MemoryCollection
     from tider.types import Memory, Message, Query
 
-    memory = Memory("serve-check", [
-        Message(0, "c0", "Bob repainted the office.", datetime(2023, 3, 2, 9), "bob", "s1"),
-        Message(1, "c1", "Alice went to a book club.", datetime(2023, 5, 7, 18), "alice", "s2"),
-        Message(2, "c2", "The book club picked a novel.", datetime(2023, 5, 8, 10), "alice", "s2")])
-    query = Query("serve-check", memory.key, "When did Alice go to the book club last month?",
-                  asked_at=datetime(2023, 6, 1), user="bob")
+    memory = Memory(
+        "serve-check",
+        [
+            Message(0, "c0", "Bob repainted the office.", datetime(2023, 3, 2, 9), "bob", "s1"),
+            Message(1, "c1", "Alice went to a book club.", datetime(2023, 5, 7, 18), "alice", "s2"),
+            Message(2, "c2", "The book club picked a novel.", datetime(2023, 5, 8, 10), "alice", "s2"),
+        ],
+    )
+    query = Query(
+        "serve-check",
+        memory.key,
+        "When did Alice go to the book club last month?",
+        asked_at=datetime(2023, 6, 1),
+        user="bob",
+    )
     granularity = meta.granularity or "day"
     settings = PromptSettings.from_json(meta.prompt_settings) if meta.prompt_settings else PromptSettings()
     timeline = MemoryCollection({memory.key: memory}).timeline(memory.key).visible(query.asked_at)

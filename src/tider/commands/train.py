@@ -8,8 +8,10 @@ from __future__ import annotations
 
 
 def register(subparsers) -> None:
-    for stage, helptext in (("sft", "supervised warm-up of the locator (TRL SFTTrainer)"),
-                            ("grpo", "GRPO of the locator with composite rewards (TRL GRPOTrainer)")):
+    for stage, helptext in (
+        ("sft", "supervised warm-up of the locator (TRL SFTTrainer)"),
+        ("grpo", "GRPO of the locator with composite rewards (TRL GRPOTrainer)"),
+    ):
         p = subparsers.add_parser(stage, help=helptext, description=helptext + ". Extra arguments go to TrlParser.")
         p.add_argument("--config", required=True, help=f"YAML recipe, e.g. configs/{stage}/tiny-cpu.yaml")
         p.set_defaults(func=_run, stage=stage, passthrough=True)

@@ -25,7 +25,7 @@ LOADERS: dict[str, str] = {
 }
 
 
-def load_dataset(name: str, path: Optional[str] = None, **options) -> Dataset:
+def load_dataset(name: str, path: str | None = None, **options) -> Dataset:
     """Load dataset ``name`` from ``path`` (a file or a directory, depending on the format).
 
     ``synthetic`` with ``path=None`` generates the embedded default in memory.
@@ -39,4 +39,4 @@ def load_dataset(name: str, path: Optional[str] = None, **options) -> Dataset:
     return loader(path, **options)
 
 
-__all__ = ["DatasetError", "LOADERS", "LOCOMO_CATEGORIES", "gold_windows", "load_dataset"]
+__all__ = ["LOADERS", "LOCOMO_CATEGORIES", "DatasetError", "gold_windows", "load_dataset"]

@@ -28,8 +28,8 @@ Gold labels are evaluation-only: they live in ``Query.gold`` and nowhere else.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Iterable, Optional
 
 from tider.scoring import merge_intervals
 from tider.types import GRANULARITY_UNIT, Granularity, Window, floor_time
@@ -46,8 +46,8 @@ def unit_window(first: datetime, last: datetime, granularity: Granularity) -> Wi
 def gold_windows(
     evidence_timestamps: Iterable[datetime],
     granularity: Granularity,
-    merge_gap: Optional[timedelta] = None,
-    max_windows: Optional[int] = None,
+    merge_gap: timedelta | None = None,
+    max_windows: int | None = None,
     non_temporal: bool = False,
 ) -> tuple[bool, tuple[Window, ...]]:
     """``(temporal, windows)`` for one query; see the module docstring for the rule."""

@@ -18,9 +18,9 @@ counted (``Gold.unresolved_evidence``), never fatal. Everything else that is wro
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator, Optional
 
 import jsonschema
 from tqdm.auto import tqdm
@@ -82,7 +82,9 @@ def _records(path: Path, validator: jsonschema.Draft202012Validator) -> Iterator
     if not path.is_file():
         raise DatasetError(path, "file", "not found")
     with path.open(encoding="utf-8") as handle:
-        lines = tqdm(handle, desc=f"reading {path.name}", unit=" lines", leave=False, mininterval=1.0, disable=None)  # TTY only
+        lines = tqdm(
+            handle, desc=f"reading {path.name}", unit=" lines", leave=False, mininterval=1.0, disable=None
+        )  # TTY only
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -123,10 +125,10 @@ def _read_meta(root: Path) -> dict:
 
 def load_jsonl(
     path: str,
-    granularity: Optional[str] = None,
-    name: Optional[str] = None,
+    granularity: str | None = None,
+    name: str | None = None,
     merge_gap=None,
-    max_windows: Optional[int] = None,
+    max_windows: int | None = None,
 ) -> Dataset:
     """Load a generic JSONL dataset directory (see module docstring)."""
     root = Path(path)
@@ -226,10 +228,17 @@ def write_jsonl(dataset: Dataset, out_dir: str) -> Path:
         for memory in dataset.memories.values():
             for m in memory:
                 rec = {
-                    "memory": memory.key, "key": m.key, "text": m.text,
-                    "timestamp": m.timestamp.isoformat(timespec="seconds"), "speaker": m.speaker,
-                    "session": m.session, "channel": m.channel, "topic": m.topic,
-                    "phase": m.phase, "stage": m.stage, "role": m.role,
+                    "memory": memory.key,
+                    "key": m.key,
+                    "text": m.text,
+                    "timestamp": m.timestamp.isoformat(timespec="seconds"),
+                    "speaker": m.speaker,
+                    "session": m.session,
+                    "channel": m.channel,
+                    "topic": m.topic,
+                    "phase": m.phase,
+                    "stage": m.stage,
+                    "role": m.role,
                 }
                 out.write(json.dumps(_clean(rec), ensure_ascii=False) + "\n")
     tmp.replace(root / "messages.jsonl")
@@ -238,9 +247,13 @@ def write_jsonl(dataset: Dataset, out_dir: str) -> Path:
         for q in dataset.queries:
             memory = dataset.memories[q.memory_key]
             rec = {
-                "key": q.key, "memory": q.memory_key, "text": q.text,
-                "asked_at": q.asked_at.isoformat(timespec="seconds"), "user": q.user,
-                "category": q.category, "answer": q.gold.answer,
+                "key": q.key,
+                "memory": q.memory_key,
+                "text": q.text,
+                "asked_at": q.asked_at.isoformat(timespec="seconds"),
+                "user": q.user,
+                "category": q.category,
+                "answer": q.gold.answer,
                 "evidence": [memory[i].key for i in q.gold.evidence_ids] + list(q.gold.unresolved_evidence),
                 "temporal": q.gold.temporal,
             }

@@ -36,9 +36,9 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Optional
 
 from tider.data.errors import DatasetError, parse_timestamp
 from tider.data.gold import gold_windows
@@ -81,9 +81,7 @@ def _turn_text(turn: dict) -> str:
 
 
 def _messages(conversation: dict, sample: str, path: Path, stats: Counter) -> list[Message]:
-    sessions = sorted(
-        (int(m.group(1)), key) for key in conversation if (m := _SESSION_KEY.fullmatch(key))
-    )
+    sessions = sorted((int(m.group(1)), key) for key in conversation if (m := _SESSION_KEY.fullmatch(key)))
     dated = {key[: -len("_date_time")] for key in conversation if key.endswith("_date_time")}
     stats["sessions_without_turns"] += len(dated - {key for _, key in sessions if conversation[key]})
     messages: list[Message] = []
@@ -96,9 +94,11 @@ def _messages(conversation: dict, sample: str, path: Path, stats: Counter) -> li
         if not turns:
             continue
         raw_time = conversation.get(f"{session}_date_time")
-        session_time: Optional[datetime] = None
+        session_time: datetime | None = None
         if raw_time is not None or not all(isinstance(t, dict) and t.get("date_time") for t in turns):
-            session_time = parse_timestamp(raw_time, path=path, record=f"{label}_date_time", formats=SESSION_TIME_FORMATS)
+            session_time = parse_timestamp(
+                raw_time, path=path, record=f"{label}_date_time", formats=SESSION_TIME_FORMATS
+            )
         for index, turn in enumerate(turns):
             turn_label = f"{label} turn {index}"
             dia_id = _require(turn, "dia_id", path, turn_label)
@@ -108,15 +108,20 @@ def _messages(conversation: dict, sample: str, path: Path, stats: Counter) -> li
             seen[dia_id] = session
             timestamp = session_time
             if turn.get("date_time"):
-                timestamp = parse_timestamp(turn["date_time"], path=path, record=f"{turn_label} ({dia_id}) date_time",
-                                            formats=TURN_TIME_FORMATS, dayfirst=True)
+                timestamp = parse_timestamp(
+                    turn["date_time"],
+                    path=path,
+                    record=f"{turn_label} ({dia_id}) date_time",
+                    formats=TURN_TIME_FORMATS,
+                    dayfirst=True,
+                )
                 stats["turns_with_own_time"] += 1
             stats["image_turns"] += bool(turn.get("blip_caption"))
             messages.append(Message(len(messages), str(dia_id), _turn_text(turn), timestamp, str(speaker), session))
     return messages
 
 
-def _refs(token: str) -> tuple[list[str], str, Optional[str]]:
+def _refs(token: str) -> tuple[list[str], str, str | None]:
     """``(dia_ids, quirk, unresolved kind)`` for one evidence token (see the module docstring)."""
     stripped = token.strip(".;:,()[]")
     quirk = "trailing_punctuation" if stripped != token else ""
@@ -165,7 +170,7 @@ def load_locomo(
     path: str,
     granularity: str = "day",
     merge_gap=None,
-    max_windows: Optional[int] = None,
+    max_windows: int | None = None,
     non_temporal_categories: Iterable[str] = (),
 ) -> Dataset:
     """Load a LoCoMo JSON file (``locomo10.json`` or a subset of it)."""
@@ -197,12 +202,17 @@ def load_locomo(
             question = _require(item, "question", path, q_label)
             category = str(_require(item, "category", path, q_label))
             evidence = item.get("evidence") or []
-            evidence_ids, unresolved = resolve_evidence([evidence] if isinstance(evidence, str) else evidence, memory, stats)
+            evidence_ids, unresolved = resolve_evidence(
+                [evidence] if isinstance(evidence, str) else evidence, memory, stats
+            )
             stats["unresolved_evidence"] += len(unresolved)
             stats["evidence_refs"] += len(evidence_ids) + len(unresolved)
             temporal, windows = gold_windows(
-                (memory[i].timestamp for i in evidence_ids), granularity, merge_gap=merge_gap,
-                max_windows=max_windows, non_temporal=category in non_temporal,
+                (memory[i].timestamp for i in evidence_ids),
+                granularity,
+                merge_gap=merge_gap,
+                max_windows=max_windows,
+                non_temporal=category in non_temporal,
             )
             answer = item.get("answer")
             if answer is None and "adversarial_answer" in item:
@@ -211,7 +221,10 @@ def load_locomo(
                 raise DatasetError(path, q_label, "missing key 'answer' (and no 'adversarial_answer')")
             adversarial = item.get("adversarial_answer")
             gold = Gold(
-                answer=str(answer), evidence_ids=tuple(evidence_ids), windows=windows, temporal=temporal,
+                answer=str(answer),
+                evidence_ids=tuple(evidence_ids),
+                windows=windows,
+                temporal=temporal,
                 unresolved_evidence=tuple(unresolved),
                 adversarial_answer=None if adversarial is None else str(adversarial),
             )

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Optional
 
 from tqdm.auto import tqdm
 
@@ -30,8 +29,16 @@ from tider.data.locomo import read_json
 from tider.types import Dataset, Gold, Memory, Message, Query
 
 TIME_FORMATS = ("%Y/%m/%d (%a) %H:%M", "%Y/%m/%d %H:%M", "%Y-%m-%d %H:%M")
-_REQUIRED = ("question_id", "question_type", "question", "answer", "question_date",
-             "haystack_session_ids", "haystack_dates", "haystack_sessions")
+_REQUIRED = (
+    "question_id",
+    "question_type",
+    "question",
+    "answer",
+    "question_date",
+    "haystack_session_ids",
+    "haystack_dates",
+    "haystack_sessions",
+)
 
 
 def _question(item: dict, position: int, path: Path, granularity: str, stats: Counter, merge_gap, max_windows):
@@ -46,7 +53,11 @@ def _question(item: dict, position: int, path: Path, granularity: str, stats: Co
     if not (isinstance(sessions, list) and isinstance(dates, list) and isinstance(session_ids, list)):
         raise DatasetError(path, label, "haystack_session_ids, haystack_dates and haystack_sessions must be lists")
     if not len(session_ids) == len(dates) == len(sessions):
-        raise DatasetError(path, label, f"haystack lengths differ: {len(session_ids)} ids, {len(dates)} dates, {len(sessions)} sessions")
+        raise DatasetError(
+            path,
+            label,
+            f"haystack lengths differ: {len(session_ids)} ids, {len(dates)} dates, {len(sessions)} sessions",
+        )
 
     messages: list[Message] = []
     flagged: list[int] = []
@@ -66,28 +77,33 @@ def _question(item: dict, position: int, path: Path, granularity: str, stats: Co
             if turn.get("has_answer"):
                 flagged.append(len(messages))
             role = str(turn["role"])
-            messages.append(Message(len(messages), f"{session}:{t_index}", str(turn["content"]), when, role, session, role=role))
+            messages.append(
+                Message(len(messages), f"{session}:{t_index}", str(turn["content"]), when, role, session, role=role)
+            )
     memory = Memory(qid, messages, granularity)
     # Memory re-sorts by time (sessions need not be in order): map through the unique keys.
     final_id = {m.key: m.id for m in memory}
     evidence_keys = [messages[i].key for i in flagged]
     if not evidence_keys:
         answer_sessions = {str(s) for s in item.get("answer_session_ids") or []}
-        evidence_keys = [messages[i].key for s in by_session if s.split("#")[0] in answer_sessions for i in by_session[s]]
+        evidence_keys = [
+            messages[i].key for s in by_session if s.split("#")[0] in answer_sessions for i in by_session[s]
+        ]
         stats["evidence_from_sessions"] += bool(evidence_keys)
     evidence_ids = sorted({final_id[k] for k in evidence_keys})
     asked_at = parse_timestamp(item["question_date"], path=path, record=f"{label} question_date", formats=TIME_FORMATS)
     stats["evidence_after_question"] += sum(memory[i].timestamp > asked_at for i in evidence_ids)
     stats["abstention"] += qid.endswith("_abs")
     stats["no_evidence"] += not evidence_ids
-    temporal, windows = gold_windows((memory[i].timestamp for i in evidence_ids), granularity,
-                                     merge_gap=merge_gap, max_windows=max_windows)
+    temporal, windows = gold_windows(
+        (memory[i].timestamp for i in evidence_ids), granularity, merge_gap=merge_gap, max_windows=max_windows
+    )
     gold = Gold(answer=str(item["answer"]), evidence_ids=tuple(evidence_ids), windows=windows, temporal=temporal)
     query = Query(qid, qid, str(item["question"]), asked_at, "user", str(item["question_type"]), gold)
     return memory, query
 
 
-def load_longmemeval(path: str, granularity: str = "day", merge_gap=None, max_windows: Optional[int] = None) -> Dataset:
+def load_longmemeval(path: str, granularity: str = "day", merge_gap=None, max_windows: int | None = None) -> Dataset:
     """Load a LongMemEval JSON file; one memory per question."""
     path = Path(path)
     data = read_json(path)
@@ -103,4 +119,6 @@ def load_longmemeval(path: str, granularity: str = "day", merge_gap=None, max_wi
         memories[memory.key] = memory
         queries.append(query)
     # has_answer flags point at turns directly, so nothing can be unresolved here.
-    return Dataset("longmemeval", granularity, memories, queries, {**dict(sorted(stats.items())), "unresolved_evidence": 0})
+    return Dataset(
+        "longmemeval", granularity, memories, queries, {**dict(sorted(stats.items())), "unresolved_evidence": 0}
+    )

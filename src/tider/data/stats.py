@@ -7,7 +7,6 @@ from collections import Counter
 from tider.types import WINDOW_BUCKETS, Dataset, window_bucket
 
 
-
 def _category_order(name: str):
     # Numeric categories (LoCoMo "1".."5") sort as numbers, names alphabetically after.
     return (0, int(name), "") if name.isdigit() else (1, 0, name)

@@ -36,12 +36,10 @@ Deterministic by seed: each conversation draws from its own ``random.Random``.
 
 from __future__ import annotations
 
-import bisect
 import random
 from collections import Counter
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
-from typing import Optional
 
 from tider.data.gold import gold_windows
 from tider.data.synth_queries import Questions
@@ -60,9 +58,19 @@ PEOPLE = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
 EVENTS: dict[str, tuple[str, list[str], str, int]] = {
     "offsite": ("venue", ["lisbon", "berlin", "oslo", "porto", "vienna", "prague", "madrid", "dublin"], "#events", 50),
     "team lunch": ("dish", ["pizza", "sushi", "tacos", "ramen", "curry", "salad", "burgers", "pasta"], "#social", 50),
-    "sprint demo": ("feature", ["search", "login", "export", "billing", "chat", "upload", "alerts", "reports"], "#eng", 50),
+    "sprint demo": (
+        "feature",
+        ["search", "login", "export", "billing", "chat", "upload", "alerts", "reports"],
+        "#eng",
+        50,
+    ),
     "budget meeting": ("budget", ["10k", "12k", "15k", "18k", "20k", "25k", "30k", "40k"], "#planning", 12),
-    "customer call": ("customer", ["acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "wonka"], "#sales", 50),
+    "customer call": (
+        "customer",
+        ["acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "wonka"],
+        "#sales",
+        50,
+    ),
     "design review": ("color", ["red", "blue", "green", "orange", "purple", "teal", "gold", "gray"], "#design", 50),
 }
 MILESTONES = ["kickoff", "reorg", "office move", "security audit", "v2 launch", "hiring freeze", "rebrand", "merger"]
@@ -80,15 +88,36 @@ FACTS: dict[str, list[str]] = {
     "favorite drink": ["tea", "coffee", "cocoa", "juice", "water"],
 }
 FILLER = [
-    "good morning everyone", "coffee anyone?", "lgtm", "thanks {p}", "on it", "back from lunch",
-    "the wifi is slow again", "see you tomorrow", "nice work {p}", "can someone review my change?",
-    "running five minutes late", "who has the meeting room?", "ok sounds good", "brb",
-    "the build is green again", "i will take a look", "any news on the ticket?",
+    "good morning everyone",
+    "coffee anyone?",
+    "lgtm",
+    "thanks {p}",
+    "on it",
+    "back from lunch",
+    "the wifi is slow again",
+    "see you tomorrow",
+    "nice work {p}",
+    "can someone review my change?",
+    "running five minutes late",
+    "who has the meeting room?",
+    "ok sounds good",
+    "brb",
+    "the build is green again",
+    "i will take a look",
+    "any news on the ticket?",
 ]
 # query type -> sampling weight; the mix is reported by `tider data stats`. Phrasings:
 # tider.data.synth_queries.
-QUERY_MIX = {"absolute": 0.16, "relative": 0.14, "vague": 0.08, "anchored": 0.14, "multi2": 0.09, "multi3": 0.07,
-             "current_state": 0.14, "non_temporal": 0.18}
+QUERY_MIX = {
+    "absolute": 0.16,
+    "relative": 0.14,
+    "vague": 0.08,
+    "anchored": 0.14,
+    "multi2": 0.09,
+    "multi3": 0.07,
+    "current_state": 0.14,
+    "non_temporal": 0.18,
+}
 
 
 @dataclass
@@ -100,9 +129,9 @@ class _Raw:
     text: str
     speaker: str
     channel: str
-    topic: Optional[str] = None
-    phase: Optional[str] = None
-    stage: Optional[int] = None
+    topic: str | None = None
+    phase: str | None = None
+    stage: int | None = None
 
 
 @dataclass
@@ -133,18 +162,42 @@ class _Conversation:
         self._facts(min(len(FACTS), max(2, round(4 * per_reference))))
         for _ in range(max(0, n_messages - len(self.raw))):
             day = self._day()
-            self._say(day, time(rng.randint(8, 19), rng.randint(0, 59)), rng.choice(FILLER).format(p=rng.choice(self.people)),
-                      "#general", "chatter")
+            self._say(
+                day,
+                time(rng.randint(8, 19), rng.randint(0, 59)),
+                rng.choice(FILLER).format(p=rng.choice(self.people)),
+                "#general",
+                "chatter",
+            )
         self.end = max(r.ts for r in self.raw).date()
 
-    def _day(self, lo: int = 0, hi: Optional[int] = None) -> date:
+    def _day(self, lo: int = 0, hi: int | None = None) -> date:
         return self.start + timedelta(days=self.rng.randint(lo, (self.n_days - 1) if hi is None else hi))
 
-    def _say(self, day: date, at: time, text: str, channel: str, topic: Optional[str],
-             phase: Optional[str] = None, stage: Optional[int] = None, speaker: Optional[str] = None) -> int:
+    def _say(
+        self,
+        day: date,
+        at: time,
+        text: str,
+        channel: str,
+        topic: str | None,
+        phase: str | None = None,
+        stage: int | None = None,
+        speaker: str | None = None,
+    ) -> int:
         ref = len(self.raw)
-        self.raw.append(_Raw(datetime.combine(day, at), ref, text, speaker or self.rng.choice(self.people),
-                             channel, topic, phase, stage))
+        self.raw.append(
+            _Raw(
+                datetime.combine(day, at),
+                ref,
+                text,
+                speaker or self.rng.choice(self.people),
+                channel,
+                topic,
+                phase,
+                stage,
+            )
+        )
         return ref
 
     def _events(self, per_reference: float) -> None:
@@ -159,8 +212,14 @@ class _Conversation:
             for day in days:
                 value, hour, minute = rng.choice(values), rng.randint(9, 16), rng.randint(0, 40)
                 self._say(day, time(hour, minute), f"reminder: the {event} is today", channel, event, "announce")
-                ref = self._say(day, time(hour, minute + 5), f"we picked {value} as the {attr} at the {event}",
-                                channel, event, "report")
+                ref = self._say(
+                    day,
+                    time(hour, minute + 5),
+                    f"we picked {value} as the {attr} at the {event}",
+                    channel,
+                    event,
+                    "report",
+                )
                 self._say(day, time(hour, minute + 9), f"thanks all, the {event} went well", channel, event, "wrapup")
                 instances.append(_Instance(event, day, value, ref))
             self.instances[event] = instances
@@ -169,8 +228,22 @@ class _Conversation:
         count = min(len(MILESTONES), max(1, round(4 * scale)))
         for name in self.rng.sample(MILESTONES, count):
             day = self._day(self.n_days // 10, self.n_days - 1)
-            ref = self._say(day, time(11, self.rng.randint(0, 50)), f"big news: the {name} happened today", "#general", name, "milestone")
-            self._say(day, time(12, self.rng.randint(0, 50)), f"the {name} is done, great work everyone", "#general", name, "milestone")
+            ref = self._say(
+                day,
+                time(11, self.rng.randint(0, 50)),
+                f"big news: the {name} happened today",
+                "#general",
+                name,
+                "milestone",
+            )
+            self._say(
+                day,
+                time(12, self.rng.randint(0, 50)),
+                f"the {name} is done, great work everyone",
+                "#general",
+                name,
+                "milestone",
+            )
             self.milestones[name] = (day, ref)
 
     def _chains(self, scale: float, per_reference: float) -> None:
@@ -191,10 +264,14 @@ class _Conversation:
             if rng.random() < 0.5:
                 day = day + timedelta(days=rng.randint(5, 18))
                 previous = steps[-2][3]
-                steps.append((day, "rollback", f"rollback: revert the {param} of project {project} to {previous}", previous))
+                steps.append(
+                    (day, "rollback", f"rollback: revert the {param} of project {project} to {previous}", previous)
+                )
             chain = []
             for stage, (day, phase, text, value) in enumerate(steps):
-                ref = self._say(day, time(rng.randint(9, 17), rng.randint(0, 59)), text, "#projects", project, phase, stage)
+                ref = self._say(
+                    day, time(rng.randint(9, 17), rng.randint(0, 59)), text, "#projects", project, phase, stage
+                )
                 chain.append((day, value, ref))
             self.chains.append((project, param, chain))
 
@@ -202,23 +279,35 @@ class _Conversation:
         for person in self.people:
             for fact in self.rng.sample(sorted(FACTS), per_person):
                 value = self.rng.choice(FACTS[fact])
-                ref = self._say(self._day(), time(self.rng.randint(8, 19), self.rng.randint(0, 59)),
-                                f"fyi my {fact} is {value}", "#general", "about me", speaker=person)
+                ref = self._say(
+                    self._day(),
+                    time(self.rng.randint(8, 19), self.rng.randint(0, 59)),
+                    f"fyi my {fact} is {value}",
+                    "#general",
+                    "about me",
+                    speaker=person,
+                )
                 self.facts.append((person, fact, value, ref))
 
     def event_attr(self, event: str) -> str:
         return EVENTS[event][0]
 
 
-def generate(n_messages: int = DEFAULT_MESSAGES, seed: int = 0, n_conversations: int = DEFAULT_CONVERSATIONS,
-             key_prefix: str = "synth") -> Dataset:
+def generate(
+    n_messages: int = DEFAULT_MESSAGES,
+    seed: int = 0,
+    n_conversations: int = DEFAULT_CONVERSATIONS,
+    key_prefix: str = "synth",
+) -> Dataset:
     """A synthetic dataset of about ``n_messages`` messages in ``n_conversations`` memories
     keyed ``<key_prefix>-000``, ...
 
     Deterministic by ``seed``. About one query per five messages.
     """
     if n_conversations < 1 or n_messages < n_conversations:
-        raise ValueError(f"need n_conversations >= 1 and n_messages >= n_conversations, got {n_messages}, {n_conversations}")
+        raise ValueError(
+            f"need n_conversations >= 1 and n_messages >= n_conversations, got {n_messages}, {n_conversations}"
+        )
     memories: dict[str, Memory] = {}
     queries: list[Query] = []
     types, weights = list(QUERY_MIX), list(QUERY_MIX.values())
@@ -231,7 +320,18 @@ def generate(n_messages: int = DEFAULT_MESSAGES, seed: int = 0, n_conversations:
         order = sorted(conv.raw, key=lambda r: (r.ts, r.ref))
         id_of_ref = {r.ref: i for i, r in enumerate(order)}
         messages = [
-            Message(i, f"{key}:{i:05d}", r.text, r.ts, r.speaker, r.ts.date().isoformat(), r.channel, r.topic, r.phase, r.stage)
+            Message(
+                i,
+                f"{key}:{i:05d}",
+                r.text,
+                r.ts,
+                r.speaker,
+                r.ts.date().isoformat(),
+                r.channel,
+                r.topic,
+                r.phase,
+                r.stage,
+            )
             for i, r in enumerate(order)
         ]
         memory = memories[key] = Memory(key, messages, "day")
@@ -244,17 +344,26 @@ def generate(n_messages: int = DEFAULT_MESSAGES, seed: int = 0, n_conversations:
                 if built is None:
                     continue
                 text, answer, refs, asked_day = built
-                asked = default_asked if asked_day is None else datetime.combine(asked_day, time(18, rng.randint(0, 59)))
+                asked = (
+                    default_asked if asked_day is None else datetime.combine(asked_day, time(18, rng.randint(0, 59)))
+                )
                 if (text, asked) in seen:
                     continue
                 seen.add((text, asked))
                 ids = tuple(sorted(id_of_ref[r] for r in refs))
-                temporal, windows = gold_windows((memory[i].timestamp for i in ids), "day", non_temporal=kind == "non_temporal")
+                temporal, windows = gold_windows(
+                    (memory[i].timestamp for i in ids), "day", non_temporal=kind == "non_temporal"
+                )
                 gold = Gold(answer=answer, evidence_ids=ids, windows=windows, temporal=temporal)
-                queries.append(Query(f"{key}:q{len(seen) - 1:04d}", key, text, asked, rng.choice(conv.people), kind, gold))
+                queries.append(
+                    Query(f"{key}:q{len(seen) - 1:04d}", key, text, asked, rng.choice(conv.people), kind, gold)
+                )
                 break
-    stats = {"seed": seed, "query_types": dict(sorted(Counter(q.category for q in queries).items())),
-             "unresolved_evidence": 0}
+    stats = {
+        "seed": seed,
+        "query_types": dict(sorted(Counter(q.category for q in queries).items())),
+        "unresolved_evidence": 0,
+    }
     return Dataset("synthetic", "day", memories, queries, stats)
 
 
@@ -270,7 +379,7 @@ def write(dataset: Dataset, out_dir: str):
     return write_jsonl(dataset, out_dir)
 
 
-def load_synthetic(path: Optional[str] = None, seed: int = 0, **options) -> Dataset:
+def load_synthetic(path: str | None = None, seed: int = 0, **options) -> Dataset:
     """``load_dataset("synthetic", path)``: a directory written by ``tider data synth``,
     or the embedded default (generated in memory) when ``path`` is None."""
     if path is None:

@@ -29,26 +29,61 @@ from __future__ import annotations
 
 import bisect
 from datetime import date, timedelta
-from typing import Optional
 
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
-          "October", "November", "December"]
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 # relative phrase -> (unit, how many back); weeks are calendar weeks (Monday-Sunday)
-RELATIVE = {"yesterday": ("day", 1), "the day before yesterday": ("day", 2), "two days ago": ("day", 2),
-            "three days ago": ("day", 3), "last week": ("week", 1), "two weeks ago": ("week", 2),
-            "the week before last": ("week", 2), "last month": ("month", 1), "two months ago": ("month", 2),
-            "last weekend": ("weekend", 1)}
+RELATIVE = {
+    "yesterday": ("day", 1),
+    "the day before yesterday": ("day", 2),
+    "two days ago": ("day", 2),
+    "three days ago": ("day", 3),
+    "last week": ("week", 1),
+    "two weeks ago": ("week", 2),
+    "the week before last": ("week", 2),
+    "last month": ("month", 1),
+    "two months ago": ("month", 2),
+    "last weekend": ("weekend", 1),
+}
 MONTH_PARTS = {"in early {m}": (1, 10), "in mid-{m}": (11, 20), "in late {m}": (21, 31)}
-ASKS = ["Which {attr} did we pick at {how}?", "What {attr} did we go with at {how}?",
-        "At {how}, which {attr} was chosen?", "Remind me, what was the {attr} at {how}?"]
+ASKS = [
+    "Which {attr} did we pick at {how}?",
+    "What {attr} did we go with at {how}?",
+    "At {how}, which {attr} was chosen?",
+    "Remind me, what was the {attr} at {how}?",
+]
 ASKS_PLURAL = ["Which {attrs} did we pick at {how}?", "What {attrs} did we go with at {how}?"]
-AFTER = ["the first {e} after the {m}", "the {e} right after the {m}", "the next {e} after the {m}",
-         "the {e} following the {m}"]
-BEFORE = ["the last {e} before the {m}", "the {e} just before the {m}", "the final {e} before the {m}",
-          "the {e} that preceded the {m}"]
-CURRENT = ["What is the current {param} of project {p}?", "What is the {param} of project {p} now?",
-           "What is the latest {param} for project {p}?", "What did we last set the {param} of project {p} to?",
-           "Which {param} is project {p} on at the moment?"]
+AFTER = [
+    "the first {e} after the {m}",
+    "the {e} right after the {m}",
+    "the next {e} after the {m}",
+    "the {e} following the {m}",
+]
+BEFORE = [
+    "the last {e} before the {m}",
+    "the {e} just before the {m}",
+    "the final {e} before the {m}",
+    "the {e} that preceded the {m}",
+]
+CURRENT = [
+    "What is the current {param} of project {p}?",
+    "What is the {param} of project {p} now?",
+    "What is the latest {param} for project {p}?",
+    "What did we last set the {param} of project {p} to?",
+    "Which {param} is project {p} on at the moment?",
+]
 FACT_ASKS = ["What is {who}'s {fact}?", "Do you remember {who}'s {fact}?", "What's the {fact} of {who}?"]
 
 
@@ -65,7 +100,11 @@ def relative_period(asked: date, phrase: str) -> tuple[date, date]:
         return day, day
     if unit in ("week", "weekend"):
         monday = asked - timedelta(days=asked.weekday() + 7 * back)
-        return (monday + timedelta(days=5), monday + timedelta(days=6)) if unit == "weekend" else (monday, monday + timedelta(days=6))
+        return (
+            (monday + timedelta(days=5), monday + timedelta(days=6))
+            if unit == "weekend"
+            else (monday, monday + timedelta(days=6))
+        )
     return month_start(asked, back), month_start(asked, back - 1) - timedelta(days=1)
 
 
@@ -73,8 +112,13 @@ def date_text(d: date, style: int) -> str:
     """One of five ways people write a date."""
     month = MONTHS[d.month - 1]
     suffix = "th" if 11 <= d.day <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(d.day % 10, "th")
-    return [d.isoformat(), f"{month} {d.day}", f"{month} {d.day}, {d.year}", f"{d.day} {month} {d.year}",
-            f"the {d.day}{suffix} of {month}"][style]
+    return [
+        d.isoformat(),
+        f"{month} {d.day}",
+        f"{month} {d.day}, {d.year}",
+        f"{d.day} {month} {d.year}",
+        f"the {d.day}{suffix} of {month}",
+    ][style]
 
 
 class Questions:
@@ -123,7 +167,12 @@ class Questions:
         span = (inst.day.replace(day=lo), inst.day.replace(day=min(hi, last)))
         if not span[0] <= inst.day <= span[1] or self._unique_in(instances, *span) is None:
             return None
-        return self._ask(attr, f"the {event} {phrase.format(m=MONTHS[inst.day.month - 1])}"), inst.value, [inst.evidence], None
+        return (
+            self._ask(attr, f"the {event} {phrase.format(m=MONTHS[inst.day.month - 1])}"),
+            inst.value,
+            [inst.evidence],
+            None,
+        )
 
     def relative(self):
         event, instances, attr = self._event()
@@ -134,7 +183,11 @@ class Questions:
         elif unit in ("week", "weekend"):
             if unit == "weekend" and inst.day.weekday() < 5:
                 return None
-            asked = inst.day - timedelta(days=inst.day.weekday()) + timedelta(days=7 * back + self.rng.randint(0, 4 if unit == "weekend" else 6))
+            asked = (
+                inst.day
+                - timedelta(days=inst.day.weekday())
+                + timedelta(days=7 * back + self.rng.randint(0, 4 if unit == "weekend" else 6))
+            )
         else:
             asked = month_start(inst.day, -back) + timedelta(days=self.rng.randint(0, 27))
         lo, hi = relative_period(asked, phrase)
@@ -144,8 +197,10 @@ class Questions:
 
     def vague(self):
         event, instances, attr = self._event()
-        inst, phrase = self.rng.choice(instances), self.rng.choice(["a few days ago", "the other day", "recently",
-                                                                    "earlier this week", "earlier this month"])
+        inst, phrase = (
+            self.rng.choice(instances),
+            self.rng.choice(["a few days ago", "the other day", "recently", "earlier this week", "earlier this month"]),
+        )
         if phrase == "a few days ago":
             asked = inst.day + timedelta(days=self.rng.randint(2, 6))
             lo, hi = asked - timedelta(days=6), asked - timedelta(days=2)
@@ -169,8 +224,12 @@ class Questions:
             return None
         if not lo <= inst.day <= hi or self._unique_in(instances, lo, hi) is None:
             return None
-        return self._ask(attr, f"the {event} {phrase}" if phrase != "recently" else f"the {event} we had recently"), \
-            inst.value, [inst.evidence], asked
+        return (
+            self._ask(attr, f"the {event} {phrase}" if phrase != "recently" else f"the {event} we had recently"),
+            inst.value,
+            [inst.evidence],
+            asked,
+        )
 
     def anchored(self):
         event, instances, attr = self._event()
@@ -241,5 +300,5 @@ class Questions:
         return self.rng.choice(FACT_ASKS).format(who=person, fact=fact), value, [ref], None
 
 
-def asked_day_ok(asked: Optional[date], start: date) -> bool:
+def asked_day_ok(asked: date | None, start: date) -> bool:
     return asked is None or asked >= start

@@ -19,9 +19,9 @@ reports into one comparison:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 from tider.eval.retrieval import DEFAULT_EXCLUDE, RetrievalEvalConfig, run_retrieval_eval
 from tider.eval.stats import mcnemar_markdown
@@ -40,8 +40,8 @@ class CompareConfig:
     ks: Sequence[int] = (5, 10, 20, 50)
     mcnemar_k: int = 20
     exclude_categories: Sequence[str] = DEFAULT_EXCLUDE
-    memory_keys: Optional[Sequence[str]] = None
-    limit: Optional[int] = None
+    memory_keys: Sequence[str] | None = None
+    limit: int | None = None
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
 
     @property
@@ -83,14 +83,20 @@ def parse_failure_rates(run_dir: str | Path, methods: Sequence[str]) -> dict[str
 
     rates = {}
     for m in methods:
-        rows = [r["record"] for r in read_records(Path(run_dir) / f"retrieve-{m}.jsonl").values() if r.get("status") == "ok"]
+        rows = [
+            r["record"] for r in read_records(Path(run_dir) / f"retrieve-{m}.jsonl").values() if r.get("status") == "ok"
+        ]
         if rows and "parse_failure" in rows[0]:
             rates[m] = sum(r["parse_failure"] is not None for r in rows) / len(rows)
     return rates
 
 
-def build_comparison(retrieval_report: dict, config: CompareConfig, qa_report: Optional[dict] = None,
-                     parse_failures: Optional[dict] = None) -> dict:
+def build_comparison(
+    retrieval_report: dict,
+    config: CompareConfig,
+    qa_report: dict | None = None,
+    parse_failures: dict | None = None,
+) -> dict:
     ks = list(retrieval_report["ks"])
     methods = retrieval_report["methods"]
     qa = {}
@@ -103,14 +109,25 @@ def build_comparison(retrieval_report: dict, config: CompareConfig, qa_report: O
     k20 = int(retrieval_report["mcnemar"]["metric"].split("@")[-1])
     table = {}
     for m, row in methods.items():
-        table[m] = {**{f"recall@{k}": row[f"recall@{k}"] for k in ks},
-                    f"ndcg@{k20}": row.get(f"ndcg@{k20}"), f"hit_all@{k20}": row.get(f"hit_all@{k20}"),
-                    "mrr": row["mrr"], "window_iou": row["window_iou"], "switch_acc": row["switch_acc"],
-                    "n": row["n"], **qa.get(m, {})}
+        table[m] = {
+            **{f"recall@{k}": row[f"recall@{k}"] for k in ks},
+            f"ndcg@{k20}": row.get(f"ndcg@{k20}"),
+            f"hit_all@{k20}": row.get(f"hit_all@{k20}"),
+            "mrr": row["mrr"],
+            "window_iou": row["window_iou"],
+            "switch_acc": row["switch_acc"],
+            "n": row["n"],
+            **qa.get(m, {}),
+        }
         if parse_failures and m in parse_failures:
             table[m]["parse_fail"] = parse_failures[m]
-    per = lambda key: {m: {g: {f"recall@{k20}": v.get(f"recall@{k20}"), "window_iou": v.get("window_iou"), "n": v["n"]}
-                           for g, v in groups.items()} for m, groups in retrieval_report[key].items()}
+    per = lambda key: {
+        m: {
+            g: {f"recall@{k20}": v.get(f"recall@{k20}"), "window_iou": v.get("window_iou"), "n": v["n"]}
+            for g, v in groups.items()
+        }
+        for m, groups in retrieval_report[key].items()
+    }
     return {
         "dataset": retrieval_report.get("dataset"),
         "n_queries": retrieval_report.get("n_queries"),
@@ -120,8 +137,10 @@ def build_comparison(retrieval_report: dict, config: CompareConfig, qa_report: O
         "table": table,
         "by_category": per("by_category"),
         "by_bucket": per("by_bucket"),
-        "mcnemar": {"metric": retrieval_report["mcnemar"]["metric"],
-                    "locator_vs": mcnemar_vs_locator(retrieval_report["mcnemar"]["pairs"], config.baselines)},
+        "mcnemar": {
+            "metric": retrieval_report["mcnemar"]["metric"],
+            "locator_vs": mcnemar_vs_locator(retrieval_report["mcnemar"]["pairs"], config.baselines),
+        },
         "oracle_gap": oracle_gap(methods, ks),
         "source_options": config.source_options,
     }
@@ -143,26 +162,47 @@ def table_columns(comparison: dict) -> list[str]:
 
 def markdown(comparison: dict) -> str:
     cols = table_columns(comparison)
-    lines = [f"# Locator vs baselines ({comparison['dataset']}, {comparison['n_queries']} queries)", "",
-             "| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    lines = [
+        f"# Locator vs baselines ({comparison['dataset']}, {comparison['n_queries']} queries)",
+        "",
+        "| method | " + " | ".join(cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]
     lines += [f"| {m} | " + " | ".join(_f(row.get(c)) for c in cols) + " |" for m, row in comparison["table"].items()]
     gap = comparison["oracle_gap"]
     if gap:
-        lines += ["", "## Oracle gap: share of the none -> oracle recall gain the locator captures", "",
-                  "| metric | none | locator | oracle | captured |", "|---|---|---|---|---|"]
-        lines += [f"| {k} | {_f(v['none'])} | {_f(v['locator'])} | {_f(v['oracle'])} | {_f(v['captured'])} |"
-                  for k, v in gap.items()]
+        lines += [
+            "",
+            "## Oracle gap: share of the none -> oracle recall gain the locator captures",
+            "",
+            "| metric | none | locator | oracle | captured |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {k} | {_f(v['none'])} | {_f(v['locator'])} | {_f(v['oracle'])} | {_f(v['captured'])} |"
+            for k, v in gap.items()
+        ]
     lines += mcnemar_markdown(
-        f"Exact McNemar, locator vs each learning-free baseline ({comparison['mcnemar']['metric']})", "baseline",
-        comparison["mcnemar"]["locator_vs"], "b = locator hits and the baseline misses, c = the reverse.")
+        f"Exact McNemar, locator vs each learning-free baseline ({comparison['mcnemar']['metric']})",
+        "baseline",
+        comparison["mcnemar"]["locator_vs"],
+        "b = locator hits and the baseline misses, c = the reverse.",
+    )
     for title, key in (("By category", "by_category"), ("By gold-window bucket", "by_bucket")):
         groups = list(dict.fromkeys(g for per in comparison[key].values() for g in per))
         metric = f"recall@{comparison['k_main']}"
-        lines += ["", f"## {title} ({metric} / window IoU / n)", "",
-                  "| method | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
+        lines += [
+            "",
+            f"## {title} ({metric} / window IoU / n)",
+            "",
+            "| method | " + " | ".join(groups) + " |",
+            "|---" * (len(groups) + 1) + "|",
+        ]
         for m, per in comparison[key].items():
-            cells = [f"{_f(per[g][metric])} / {_f(per[g]['window_iou'])} / {per[g]['n']}" if g in per else "-"
-                     for g in groups]
+            cells = [
+                f"{_f(per[g][metric])} / {_f(per[g]['window_iou'])} / {per[g]['n']}" if g in per else "-"
+                for g in groups
+            ]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -179,8 +219,12 @@ def plot(comparison: dict, path: str | Path) -> Path:
     ax = fig.subplots()
     width = 0.8 / len(metrics)
     for i, metric in enumerate(metrics):
-        ax.bar([j + i * width for j in range(len(methods))],
-               [comparison["table"][m].get(metric) or 0.0 for m in methods], width, label=metric)
+        ax.bar(
+            [j + i * width for j in range(len(methods))],
+            [comparison["table"][m].get(metric) or 0.0 for m in methods],
+            width,
+            label=metric,
+        )
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(methods))], methods)
     ax.set_ylim(0, 1.02)
     ax.set_title(f"{comparison['dataset']}: {comparison['n_queries']} queries, same retriever")
@@ -192,8 +236,16 @@ def plot(comparison: dict, path: str | Path) -> Path:
     return path
 
 
-def run_compare(dataset: Dataset, config: CompareConfig, out_dir: str | Path, *, data_path: Optional[str] = None,
-                overwrite: bool = False, progress: bool = True, qa: Optional[dict] = None) -> dict:
+def run_compare(
+    dataset: Dataset,
+    config: CompareConfig,
+    out_dir: str | Path,
+    *,
+    data_path: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    qa: dict | None = None,
+) -> dict:
     """Run (or resume) the comparison into ``out_dir``; returns the comparison dict.
 
     ``qa``: ``{"reader": LLMClient, "judge": LLMClient, "config": QAConfig kwargs}`` to
@@ -202,22 +254,45 @@ def run_compare(dataset: Dataset, config: CompareConfig, out_dir: str | Path, *,
     out = Path(out_dir)
     methods = config.methods
     retrieval_config = RetrievalEvalConfig(
-        methods=methods, ks=config.ks, exclude_categories=config.exclude_categories, memory_keys=config.memory_keys,
-        limit=config.limit, mcnemar_k=config.mcnemar_k, retrieval=config.retrieval,
-        source_options=config.source_options)
-    retrieval_report = run_retrieval_eval(dataset, retrieval_config, out / "retrieval", data_path=data_path,
-                                          overwrite=overwrite, progress=progress)
+        methods=methods,
+        ks=config.ks,
+        exclude_categories=config.exclude_categories,
+        memory_keys=config.memory_keys,
+        limit=config.limit,
+        mcnemar_k=config.mcnemar_k,
+        retrieval=config.retrieval,
+        source_options=config.source_options,
+    )
+    retrieval_report = run_retrieval_eval(
+        dataset, retrieval_config, out / "retrieval", data_path=data_path, overwrite=overwrite, progress=progress
+    )
     qa_report = None
     if qa is not None:
         from tider.eval.qa import QAConfig, run_qa_eval
 
-        qa_config = QAConfig(windows=methods, contexts=("forest",), memory_keys=config.memory_keys, limit=config.limit,
-                             exclude_categories=config.exclude_categories, retrieval=config.retrieval,
-                             source_options=config.source_options, **qa.get("config", {}))
-        qa_report = run_qa_eval(dataset, qa_config, out / "qa", qa["reader"], qa["judge"], data_path=data_path,
-                                overwrite=overwrite, progress=progress)
-    comparison = build_comparison(retrieval_report, config, qa_report,
-                                  parse_failures=parse_failure_rates(out / "retrieval", methods))
+        qa_config = QAConfig(
+            windows=methods,
+            contexts=("forest",),
+            memory_keys=config.memory_keys,
+            limit=config.limit,
+            exclude_categories=config.exclude_categories,
+            retrieval=config.retrieval,
+            source_options=config.source_options,
+            **qa.get("config", {}),
+        )
+        qa_report = run_qa_eval(
+            dataset,
+            qa_config,
+            out / "qa",
+            qa["reader"],
+            qa["judge"],
+            data_path=data_path,
+            overwrite=overwrite,
+            progress=progress,
+        )
+    comparison = build_comparison(
+        retrieval_report, config, qa_report, parse_failures=parse_failure_rates(out / "retrieval", methods)
+    )
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(comparison, indent=2))
     (out / "compare.md").write_text(markdown(comparison))

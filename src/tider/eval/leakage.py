@@ -24,8 +24,8 @@ A run collects ``Leak`` records and fails (``GoldLeakError``) if there is any.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterable, Optional, Sequence
 
 from tider.scoring import normalize_answer
 from tider.types import Gold, Memory, Query
@@ -56,7 +56,7 @@ def _contains_phrase(haystack_norm: str, phrase_norm: str) -> bool:
     return bool(re.search(rf"(?<!\w){re.escape(phrase_norm)}(?!\w)", haystack_norm))
 
 
-def checkable_answer(answer: Optional[str], template_text: str = "") -> Optional[str]:
+def checkable_answer(answer: str | None, template_text: str = "") -> str | None:
     """The normalised gold answer if it can be checked reliably, else None."""
     if answer is None:
         return None
@@ -75,9 +75,17 @@ class LeakageValidator:
         self.leaks: list[Leak] = []
         self.checked = 0
 
-    def check_prompt(self, query: Query, stage: str, messages: Sequence[dict], *, allowed_parts: Iterable[str] = (),
-                     context_ids: Sequence[int] = (), produced_ids: Optional[Iterable[int]] = None,
-                     template_text: str = "") -> list[Leak]:
+    def check_prompt(
+        self,
+        query: Query,
+        stage: str,
+        messages: Sequence[dict],
+        *,
+        allowed_parts: Iterable[str] = (),
+        context_ids: Sequence[int] = (),
+        produced_ids: Iterable[int] | None = None,
+        template_text: str = "",
+    ) -> list[Leak]:
         """``query`` is the full query (with gold); ``allowed_parts`` are the strings the
         prompt may legitimately carry (context block); the public question and asking user
         are always allowed. ``produced_ids`` are the ids retrieval/selection returned."""
@@ -108,5 +116,7 @@ class LeakageValidator:
     def raise_if_leaks(self) -> None:
         if self.leaks:
             first = self.leaks[0]
-            raise GoldLeakError(f"{len(self.leaks)} gold leak(s) in prompts; first: query {first.query_key} "
-                                f"stage {first.stage}: {first.kind} ({first.detail})")
+            raise GoldLeakError(
+                f"{len(self.leaks)} gold leak(s) in prompts; first: query {first.query_key} "
+                f"stage {first.stage}: {first.kind} ({first.detail})"
+            )

@@ -16,7 +16,7 @@ per-category and per-bucket tables all come from the same code.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 
 def query_metrics(retrieved: Sequence[int], gold: Iterable[int], ks: Sequence[int]) -> dict:

@@ -24,16 +24,24 @@ token table (T-Mem Table 6 style) survives resumes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional, Sequence
 
 from tider import scoring
 from tider.eval.leakage import LeakageValidator
 from tider.eval.runner import Stage, StageRunner, file_hash, fingerprint_of
 from tider.forest.compress import IDF, truncate_to_budget, whitespace_tokens
 from tider.forest.linearize import fit_forest, forest_rows, render_flat, render_forest, rows_to_json
-from tider.forest.prompts import (READER_SYSTEM, SELECTION_SYSTEM, STRUCTURING_SYSTEM, judge_messages, parse_verdict,
-                                 prompt_hash, reader_messages, render_message)
+from tider.forest.prompts import (
+    READER_SYSTEM,
+    SELECTION_SYSTEM,
+    STRUCTURING_SYSTEM,
+    judge_messages,
+    parse_verdict,
+    prompt_hash,
+    reader_messages,
+    render_message,
+)
 from tider.forest.select import select_evidence
 from tider.forest.structure import Forest, LLMRelationClassifier, build_forest, make_classifier
 from tider.llm.jsonout import strip_think
@@ -57,8 +65,8 @@ class QAConfig:
     compression: str = "idf"
     classifier: str = "llm"  # llm | lexical (named variant, never a silent substitute)
     selection: bool = True
-    limit: Optional[int] = None
-    memory_keys: Optional[Sequence[str]] = None
+    limit: int | None = None
+    memory_keys: Sequence[str] | None = None
     exclude_categories: Sequence[str] = ()
     select_max_tokens: int = 512
     structure_max_tokens: int = 512
@@ -101,14 +109,24 @@ def _spent(client, stage: str, fn: Callable[[], dict]) -> dict:
     before = client.usage_by_stage().get(stage, {}) if client is not None else {}
     record = fn()
     after = client.usage_by_stage().get(stage, {}) if client is not None else {}
-    record["llm"] = {k: after.get(k, 0) - before.get(k, 0) for k in
-                     ("calls", "cached_calls", "errors", "attempts", "prompt_tokens", "completion_tokens")}
+    record["llm"] = {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in ("calls", "cached_calls", "errors", "attempts", "prompt_tokens", "completion_tokens")
+    }
     return record
 
 
 class QARun:
-    def __init__(self, dataset: Dataset, config: QAConfig, reader, judge, selector=None,
-                 count_tokens: Optional[Callable[[str], int]] = None, store=None):
+    def __init__(
+        self,
+        dataset: Dataset,
+        config: QAConfig,
+        reader,
+        judge,
+        selector=None,
+        count_tokens: Callable[[str], int] | None = None,
+        store=None,
+    ):
         from tider.memory import MemoryCollection
 
         self.dataset, self.config = dataset, config
@@ -117,8 +135,11 @@ class QARun:
         self.store = store or MemoryCollection(dataset.memories, config.retrieval)
         self.validator = LeakageValidator(dataset.memories)
         self.idf = {k: IDF(m.text for m in mem) for k, mem in dataset.memories.items()}
-        self.classifier = (LLMRelationClassifier(self.selector, max_tokens=config.structure_max_tokens)
-                           if config.classifier == "llm" else make_classifier(config.classifier))
+        self.classifier = (
+            LLMRelationClassifier(self.selector, max_tokens=config.structure_max_tokens)
+            if config.classifier == "llm"
+            else make_classifier(config.classifier)
+        )
         self.records: dict[str, dict[str, dict]] = {}
 
     # ------------------------------------------------------------------ stages
@@ -140,8 +161,12 @@ class QARun:
                 ids, scores = self.store.retrieve(public, pred, self.config.k)
                 # Exact window bounds too: a day-granularity rendering loses the end of day.
                 exact = [[w.start.isoformat(), w.end.isoformat()] for w in pred.windows] if pred.temporal else []
-                return {"prediction": pred.to_json(g), "windows_exact": exact, "ids": ids.tolist(),
-                        "scores": [float(s) for s in scores]}
+                return {
+                    "prediction": pred.to_json(g),
+                    "windows_exact": exact,
+                    "ids": ids.tolist(),
+                    "scores": [float(s) for s in scores],
+                }
 
             return _spent(locator_client if hasattr(locator_client, "usage_by_stage") else None, "locator", call)
 
@@ -155,8 +180,13 @@ class QARun:
             return
         from tider.locator.prompt import system_prompt
 
-        self.validator.check_prompt(query, "locator", outcomes[-1].messages, allowed_parts=list(inputs[-1].parts),
-                                    template_text=system_prompt(self.dataset.granularity))
+        self.validator.check_prompt(
+            query,
+            "locator",
+            outcomes[-1].messages,
+            allowed_parts=list(inputs[-1].parts),
+            template_text=system_prompt(self.dataset.granularity),
+        )
 
     def select_stage(self, w: str) -> Stage:
         retrieved = self.records[f"retrieve-{w}"]
@@ -174,11 +204,23 @@ class QARun:
             similarity = lambda text, ids: sim[list(ids)]
 
             def call() -> dict:
-                result = select_evidence(public, memory, seeds, windows, self.selector, similarity,
-                                         self.config.top_n, self.config.select_max_tokens)
+                result = select_evidence(
+                    public,
+                    memory,
+                    seeds,
+                    windows,
+                    self.selector,
+                    similarity,
+                    self.config.top_n,
+                    self.config.select_max_tokens,
+                )
                 self._check_selection_prompts(query, memory, windows, result)
-                return {"ids": result.ids, "windows": [asdict(x) for x in result.windows], "errors": result.errors,
-                        "invalid_ids": sum(x.invalid_ids for x in result.windows)}
+                return {
+                    "ids": result.ids,
+                    "windows": [asdict(x) for x in result.windows],
+                    "errors": result.errors,
+                    "invalid_ids": sum(x.invalid_ids for x in result.windows),
+                }
 
             return _spent(self.selector, "select", call)
 
@@ -192,8 +234,15 @@ class QARun:
         for sel, sent in zip(result.windows, result.prompts):
             allowed = [render_message(memory[i], g) for i in sel.candidates]
             allowed.append(f"Topic-time window: {sel.window['start']} .. {sel.window['end']}")
-            self.validator.check_prompt(query, "select", sent, allowed_parts=allowed, context_ids=sel.candidates,
-                                        produced_ids=in_windows, template_text=SELECTION_SYSTEM)
+            self.validator.check_prompt(
+                query,
+                "select",
+                sent,
+                allowed_parts=allowed,
+                context_ids=sel.candidates,
+                produced_ids=in_windows,
+                template_text=SELECTION_SYSTEM,
+            )
 
     def structure_stage(self, w: str) -> Stage:
         selected = self.records[f"select-{w}"]
@@ -208,10 +257,15 @@ class QARun:
                 # Allowed in the prompts as sent: the selected messages (retrieval/selection output).
                 allowed = [render_message(m, g) for m in msgs]
                 for sent in (j.prompt for j in judgements if j.prompt):
-                    self.validator.check_prompt(query, "structure", sent, allowed_parts=allowed,
-                                                template_text=STRUCTURING_SYSTEM)
-                return {"forest": forest.to_json(), "classifier": self.classifier.name,
-                        "errors": sum(j.error is not None for j in judgements), "pairs": len(judgements)}
+                    self.validator.check_prompt(
+                        query, "structure", sent, allowed_parts=allowed, template_text=STRUCTURING_SYSTEM
+                    )
+                return {
+                    "forest": forest.to_json(),
+                    "classifier": self.classifier.name,
+                    "errors": sum(j.error is not None for j in judgements),
+                    "pairs": len(judgements),
+                }
 
             return _spent(self.selector if self.config.classifier == "llm" else None, "structure", call)
 
@@ -235,10 +289,16 @@ class QARun:
                 return {"context": text, "context_ids": ids, "tokens": self.count_tokens(text), "over_budget": False}
             fitted = fit_forest(forest, query.public().text, self.idf[query.memory_key], budget, self.count_tokens, g)
             comp, text = fitted.compression, fitted.text
-            return {"context": text, "context_ids": [r.message_id for r in fitted.rows], "rows": rows_to_json(fitted.rows),
-                    "tokens": self.count_tokens(text), "span_tokens": comp.retained_tokens(),
-                    "metadata_tokens": fitted.metadata_tokens, "over_budget": comp.over_budget,
-                    "omitted_spans": comp.omitted}
+            return {
+                "context": text,
+                "context_ids": [r.message_id for r in fitted.rows],
+                "rows": rows_to_json(fitted.rows),
+                "tokens": self.count_tokens(text),
+                "span_tokens": comp.retained_tokens(),
+                "metadata_tokens": fitted.metadata_tokens,
+                "over_budget": comp.over_budget,
+                "omitted_spans": comp.omitted,
+            }
 
         return Stage(f"compress-{w}-{c}", run)
 
@@ -248,15 +308,26 @@ class QARun:
         def run(query: Query) -> dict:
             public, ctx = query.public(), contexts[query.key]
             messages = reader_messages(c, public.text, public.user, ctx["context"])
-            self.validator.check_prompt(query, "answer", messages, allowed_parts=[ctx["context"]],
-                                        context_ids=ctx["context_ids"], produced_ids=selected[query.key]["ids"],
-                                        template_text=READER_SYSTEM[c])
+            self.validator.check_prompt(
+                query,
+                "answer",
+                messages,
+                allowed_parts=[ctx["context"]],
+                context_ids=ctx["context_ids"],
+                produced_ids=selected[query.key]["ids"],
+                template_text=READER_SYSTEM[c],
+            )
 
             def call() -> dict:
                 # A reply that is only a <think> block is empty: retried like any empty output.
-                result = self.reader.chat(messages, stage="answer", max_tokens=self.config.answer_max_tokens,
-                                          temperature=self.config.answer_temperature, seed=self.config.seed,
-                                          check=lambda text: None if strip_think(text).strip() else "empty_output")
+                result = self.reader.chat(
+                    messages,
+                    stage="answer",
+                    max_tokens=self.config.answer_max_tokens,
+                    temperature=self.config.answer_temperature,
+                    seed=self.config.seed,
+                    check=lambda text: None if strip_think(text).strip() else "empty_output",
+                )
                 return {"answer": strip_think(result.text).strip(), "error": result.error}
 
             return _spent(self.reader, "answer", call)
@@ -271,16 +342,23 @@ class QARun:
             gold = query.gold
             adversarial = str(query.category) in ("5", "adversarial")
             gold_answer = ADVERSARIAL_GOLD if adversarial else (gold.answer or "")
-            base = {"category": str(query.category), "bucket": window_bucket(len(gold.windows)),
-                    "f1": scoring.answer_f1(rec["answer"], gold.answer, query.category)}
+            base = {
+                "category": str(query.category),
+                "bucket": window_bucket(len(gold.windows)),
+                "f1": scoring.answer_f1(rec["answer"], gold.answer, query.category),
+            }
             if rec["error"] is not None or not rec["answer"]:
                 return {**base, "correct": False, "verdict": None, "error": "no_answer", "llm": {}}
 
             def call() -> dict:
-                result = self.judge.chat(judge_messages(query.text, gold_answer, rec["answer"]), stage="judge",
-                                         max_tokens=self.config.judge_max_tokens,
-                                         temperature=self.config.judge_temperature, seed=self.config.seed,
-                                         check=lambda text: None if parse_verdict(text) is not None else "no_verdict")
+                result = self.judge.chat(
+                    judge_messages(query.text, gold_answer, rec["answer"]),
+                    stage="judge",
+                    max_tokens=self.config.judge_max_tokens,
+                    temperature=self.config.judge_temperature,
+                    seed=self.config.seed,
+                    check=lambda text: None if parse_verdict(text) is not None else "no_verdict",
+                )
                 verdict = parse_verdict(result.text) if result.error is None else None
                 error = result.error
                 return {**base, "correct": bool(verdict), "verdict": verdict, "error": error}
@@ -294,8 +372,11 @@ class QARun:
         from tider.locator.sources import gold_predictions
 
         self.store.prepare([q.public() for q in queries])
-        context = {"store": self.store, "gold_by_key": gold_predictions(queries),
-                   "source_options": self.config.source_options}
+        context = {
+            "store": self.store,
+            "gold_by_key": gold_predictions(queries),
+            "source_options": self.config.source_options,
+        }
         key = lambda q: q.key
         wanted = set(STAGES[: STAGES.index(self.config.until) + 1])
         for w in self.config.windows:
@@ -306,10 +387,16 @@ class QARun:
                 self._run(runner, self.structure_stage(w), queries, key, progress, upstream=[f"select-{w}"])
             for c in self.config.contexts:
                 # Each stage names the records it is built from (its input fingerprint).
-                inputs = {"compress": [f"select-{w}"] + ([f"structure-{w}"] if c == "forest" else []),
-                          "answer": [f"compress-{w}-{c}"], "judge": [f"answer-{w}-{c}"]}
-                for name, make in (("compress", self.compress_stage), ("answer", self.answer_stage),
-                                   ("judge", self.judge_stage)):
+                inputs = {
+                    "compress": [f"select-{w}"] + ([f"structure-{w}"] if c == "forest" else []),
+                    "answer": [f"compress-{w}-{c}"],
+                    "judge": [f"answer-{w}-{c}"],
+                }
+                for name, make in (
+                    ("compress", self.compress_stage),
+                    ("answer", self.answer_stage),
+                    ("judge", self.judge_stage),
+                ):
                     if name in wanted:
                         self._run(runner, make(w, c), queries, key, progress, upstream=inputs[name])
         return self.records
@@ -331,10 +418,20 @@ def _t(text: str):
     return datetime.fromisoformat(text)
 
 
-
-def run_qa_eval(dataset: Dataset, config: QAConfig, out_dir, reader, judge, selector=None, *,
-                data_path: Optional[str] = None, overwrite: bool = False, progress: bool = True,
-                count_tokens: Optional[Callable[[str], int]] = None, tokenizer_name: str = "whitespace") -> dict:
+def run_qa_eval(
+    dataset: Dataset,
+    config: QAConfig,
+    out_dir,
+    reader,
+    judge,
+    selector=None,
+    *,
+    data_path: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    count_tokens: Callable[[str], int] | None = None,
+    tokenizer_name: str = "whitespace",
+) -> dict:
     """Run (or resume) a QA evaluation into ``out_dir``; returns the report dict."""
     from tider.eval.qa_report import build_qa_report, write_qa_report
     from tider.forest import prompts
@@ -344,35 +441,72 @@ def run_qa_eval(dataset: Dataset, config: QAConfig, out_dir, reader, judge, sele
         raise ValueError(f"dataset {dataset.name!r}: no queries left to evaluate after filtering")
     selector = selector or reader
     wanted = set(STAGES[: STAGES.index(config.until) + 1])
-    needs = {"reader": "answer" in wanted, "judge": "judge" in wanted,
-             "selector": ("select" in wanted and config.selection)
-             or ("structure" in wanted and config.classifier == "llm" and "forest" in config.contexts)}
-    missing = [name for name, needed in needs.items() if needed and {"reader": reader, "judge": judge,
-                                                                      "selector": selector}[name] is None]
+    needs = {
+        "reader": "answer" in wanted,
+        "judge": "judge" in wanted,
+        "selector": ("select" in wanted and config.selection)
+        or ("structure" in wanted and config.classifier == "llm" and "forest" in config.contexts),
+    }
+    missing = [
+        name
+        for name, needed in needs.items()
+        if needed and {"reader": reader, "judge": judge, "selector": selector}[name] is None
+    ]
     if missing:
         raise ValueError(f"QA run up to stage {config.until!r} needs an LLM for: {', '.join(missing)}")
     name_of = lambda client: client.model if client is not None else None
     usage_of = lambda client: client.usage_by_stage() if client is not None else {}
     manifest = {
-        "command": "eval qa", "dataset": dataset.name, "data_path": data_path, "data_hash": file_hash(data_path),
+        "command": "eval qa",
+        "dataset": dataset.name,
+        "data_path": data_path,
+        "data_hash": file_hash(data_path),
         "n_queries": len(queries),
         # ``until`` is left out: extending a context-only run to answers reuses its records.
-        "config": {**{k: v for k, v in config.to_json().items() if k != "until"}, "reader": name_of(reader), "judge": name_of(judge), "selector": name_of(selector),
-                   "tokenizer": tokenizer_name},
-        "prompt_hashes": {name: prompt_hash(getattr(prompts, name)) for name in
-                          ("SELECTION_SYSTEM", "STRUCTURING_SYSTEM", "READER_SYSTEM_FLAT", "READER_SYSTEM_FOREST",
-                           "JUDGE_SYSTEM")},
+        "config": {
+            **{k: v for k, v in config.to_json().items() if k != "until"},
+            "reader": name_of(reader),
+            "judge": name_of(judge),
+            "selector": name_of(selector),
+            "tokenizer": tokenizer_name,
+        },
+        "prompt_hashes": {
+            name: prompt_hash(getattr(prompts, name))
+            for name in (
+                "SELECTION_SYSTEM",
+                "STRUCTURING_SYSTEM",
+                "READER_SYSTEM_FLAT",
+                "READER_SYSTEM_FOREST",
+                "JUDGE_SYSTEM",
+            )
+        },
     }
     runner = StageRunner(out_dir, manifest, overwrite=overwrite)
     qa = QARun(dataset, config, reader, judge, selector, count_tokens)
     records = qa.run(runner, queries, progress)
-    report = build_qa_report(records, config.windows, config.contexts, len(queries),
-                             gold_ids={q.key: list(q.gold.evidence_ids) for q in queries})
-    report["variant"] = {"classifier": config.classifier, "compression": config.compression, "budget": config.budget,
-                         "selection": config.selection, "k": config.k, "top_n": config.top_n}
-    report.update(dataset=dataset.name, leak_checks=qa.validator.checked, leaks=len(qa.validator.leaks),
-                  reader=name_of(reader), judge=name_of(judge), tokenizer=tokenizer_name,
-                  llm_usage_this_process={"reader": usage_of(reader), "judge": usage_of(judge),
-                                          "selector": usage_of(selector)})
+    report = build_qa_report(
+        records,
+        config.windows,
+        config.contexts,
+        len(queries),
+        gold_ids={q.key: list(q.gold.evidence_ids) for q in queries},
+    )
+    report["variant"] = {
+        "classifier": config.classifier,
+        "compression": config.compression,
+        "budget": config.budget,
+        "selection": config.selection,
+        "k": config.k,
+        "top_n": config.top_n,
+    }
+    report.update(
+        dataset=dataset.name,
+        leak_checks=qa.validator.checked,
+        leaks=len(qa.validator.leaks),
+        reader=name_of(reader),
+        judge=name_of(judge),
+        tokenizer=tokenizer_name,
+        llm_usage_this_process={"reader": usage_of(reader), "judge": usage_of(judge), "selector": usage_of(selector)},
+    )
     write_qa_report(report, out_dir)
     return report

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from tider.eval.metrics import aggregate
 from tider.eval.stats import mcnemar_markdown, pairwise_mcnemar
 from tider.types import WINDOW_BUCKETS
+
 
 def _grouped(records: Mapping[str, dict], field: str, ks) -> dict:
     groups = defaultdict(list)
@@ -39,24 +40,42 @@ def _fmt(x) -> str:
 
 def markdown(report: dict) -> str:
     ks = report["ks"]
-    cols = [f"recall@{k}" for k in ks] + [f"hit_all@{k}" for k in ks if k == 20] + \
-        [f"ndcg@{k}" for k in ks if k == 20] + ["mrr", "window_iou", "switch_acc", "switch_f1", "windows_per_query", "n"]
-    lines = [f"# Retrieval report ({report.get('dataset', '')}, {report.get('n_queries', '')} queries)", "",
-             "| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    cols = (
+        [f"recall@{k}" for k in ks]
+        + [f"hit_all@{k}" for k in ks if k == 20]
+        + [f"ndcg@{k}" for k in ks if k == 20]
+        + ["mrr", "window_iou", "switch_acc", "switch_f1", "windows_per_query", "n"]
+    )
+    lines = [
+        f"# Retrieval report ({report.get('dataset', '')}, {report.get('n_queries', '')} queries)",
+        "",
+        "| method | " + " | ".join(cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]
     for m, row in report["methods"].items():
         lines.append(f"| {m} | " + " | ".join(_fmt(row.get(c, "")) for c in cols) + " |")
-    for title, key in (("By category (recall@20 / hit_all@20 / n)", "by_category"),
-                       ("By gold-window bucket (recall@20 / hit_all@20 / n)", "by_bucket")):
+    for title, key in (
+        ("By category (recall@20 / hit_all@20 / n)", "by_category"),
+        ("By gold-window bucket (recall@20 / hit_all@20 / n)", "by_bucket"),
+    ):
         groups = list(dict.fromkeys(g for per in report[key].values() for g in per))
         names = report.get("category_names", {}) if key == "by_category" else {}
         header = [f"{g} {names[g]}" if g in names else g for g in groups]
         lines += ["", f"## {title}", "", "| method | " + " | ".join(header) + " |", "|---" * (len(groups) + 1) + "|"]
         for m, per in report[key].items():
-            cells = [f"{per[g].get('recall@20', 0):.3f} / {per[g].get('hit_all@20', 0):.3f} / {per[g]['n']}" if g in per
-                     else "-" for g in groups]
+            cells = [
+                f"{per[g].get('recall@20', 0):.3f} / {per[g].get('hit_all@20', 0):.3f} / {per[g]['n']}"
+                if g in per
+                else "-"
+                for g in groups
+            ]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines += mcnemar_markdown(f"Exact McNemar on {report['mcnemar']['metric']}", "pair", report["mcnemar"]["pairs"],
-                              "b = first method hits and second misses, c = the reverse.")
+    lines += mcnemar_markdown(
+        f"Exact McNemar on {report['mcnemar']['metric']}",
+        "pair",
+        report["mcnemar"]["pairs"],
+        "b = first method hits and second misses, c = the reverse.",
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -71,7 +90,12 @@ def plot(report: dict, out_dir: str | Path) -> list[Path]:
     ax = fig.subplots()
     for m, row in report["methods"].items():
         ax.plot(ks, [row[f"recall@{k}"] for k in ks], marker="o", label=m)
-    ax.set_xlabel("k"), ax.set_ylabel("evidence recall@k"), ax.set_xscale("log"), ax.set_xticks(ks, [str(k) for k in ks])
+    (
+        ax.set_xlabel("k"),
+        ax.set_ylabel("evidence recall@k"),
+        ax.set_xscale("log"),
+        ax.set_xticks(ks, [str(k) for k in ks]),
+    )
     ax.grid(alpha=0.3), ax.legend(fontsize=8)
     fig.tight_layout()
     curves = out_dir / "recall_at_k.png"
@@ -83,8 +107,12 @@ def plot(report: dict, out_dir: str | Path) -> list[Path]:
     width = 0.8 / max(len(methods), 1)
     for i, m in enumerate(methods):
         per = report["by_bucket"][m]
-        ax.bar([b + i * width for b in range(len(WINDOW_BUCKETS))], [per.get(g, {}).get("recall@20", 0.0) for g in WINDOW_BUCKETS],
-               width, label=m)
+        ax.bar(
+            [b + i * width for b in range(len(WINDOW_BUCKETS))],
+            [per.get(g, {}).get("recall@20", 0.0) for g in WINDOW_BUCKETS],
+            width,
+            label=m,
+        )
     ax.set_xticks([b + 0.4 - width / 2 for b in range(len(WINDOW_BUCKETS))], [f"{g} windows" for g in WINDOW_BUCKETS])
     ax.set_ylabel("evidence recall@20"), ax.legend(fontsize=8), ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

@@ -11,15 +11,15 @@ default; their defining property is that no evidence answers them).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from tider.eval.metrics import query_metrics
 from tider.eval.report import build_report, write_report
 from tider.eval.runner import Stage, StageRunner, file_hash
-from tider.scoring import switch_correct, window_iou
 from tider.retrieval.config import SEMANTIC_MODES, RetrievalConfig
+from tider.scoring import switch_correct, window_iou
 from tider.types import Dataset, Query, window_bucket
 
 DEFAULT_EXCLUDE = ("5", "adversarial")
@@ -38,12 +38,17 @@ class RetrievalEvalConfig:
     source_options: dict = field(default_factory=dict)
 
 
-def eligible_queries(dataset: Dataset, exclude: Sequence[str] = DEFAULT_EXCLUDE, memory_keys=None,
-                     limit: int | None = None) -> list[Query]:
+def eligible_queries(
+    dataset: Dataset, exclude: Sequence[str] = DEFAULT_EXCLUDE, memory_keys=None, limit: int | None = None
+) -> list[Query]:
     keep = set(memory_keys) if memory_keys is not None else None
-    out = [q for q in dataset.queries
-           if q.gold.evidence_ids and str(q.category) not in set(map(str, exclude))
-           and (keep is None or q.memory_key in keep)]
+    out = [
+        q
+        for q in dataset.queries
+        if q.gold.evidence_ids
+        and str(q.category) not in set(map(str, exclude))
+        and (keep is None or q.memory_key in keep)
+    ]
     return out[:limit] if limit is not None else out
 
 
@@ -65,18 +70,24 @@ def query_record(query: Query, source, store, ks: Sequence[int], granularity: st
     ranked = {k: store.retrieve(query, pred, k, mode=mode)[0].tolist() for k in sorted(set(ks))}
     deepest = ranked[max(ks)]
     record = {
-        "category": str(query.category), "bucket": window_bucket(len(gold.windows)),
-        "gold_temporal": bool(gold.temporal), "pred_temporal": bool(pred.temporal),
-        "n_windows": len(pred.windows) if pred.temporal else 0, "prediction": pred.to_json(granularity),
+        "category": str(query.category),
+        "bucket": window_bucket(len(gold.windows)),
+        "gold_temporal": bool(gold.temporal),
+        "pred_temporal": bool(pred.temporal),
+        "n_windows": len(pred.windows) if pred.temporal else 0,
+        "prediction": pred.to_json(granularity),
         "iou": window_iou(pred.windows if pred.temporal else (), gold.windows, granularity),
-        "switch": switch_correct(pred.temporal, gold.temporal), "ids": deepest,
+        "switch": switch_correct(pred.temporal, gold.temporal),
+        "ids": deepest,
     }
     outcomes = getattr(source, "last_outcomes", None)  # model-backed sources (locator, prompted)
     if outcomes:
         record["parse_failure"] = outcomes[-1].failure  # None, or why the completion was unusable
     record.update(query_metrics(deepest, gold.evidence_ids, []))  # n_gold, rr (MRR over the deepest list)
     for k, ids in ranked.items():
-        record.update({key: v for key, v in query_metrics(ids, gold.evidence_ids, [k]).items() if key.endswith(f"@{k}")})
+        record.update(
+            {key: v for key, v in query_metrics(ids, gold.evidence_ids, [k]).items() if key.endswith(f"@{k}")}
+        )
     return record
 
 
@@ -95,8 +106,14 @@ def quick_eval(store, source, queries: Sequence[Query], ks: Sequence[int] = (20,
     return aggregate([query_record(q, source, store, ks, store.granularity, mode) for q in queries], ks)
 
 
-def run_retrieval_eval(dataset: Dataset, config: RetrievalEvalConfig, out_dir: str | Path, data_path: str | None = None,
-                       overwrite: bool = False, progress: bool = True) -> dict:
+def run_retrieval_eval(
+    dataset: Dataset,
+    config: RetrievalEvalConfig,
+    out_dir: str | Path,
+    data_path: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
     from tider.locator.sources import gold_predictions
     from tider.memory import MemoryCollection
 
@@ -104,12 +121,20 @@ def run_retrieval_eval(dataset: Dataset, config: RetrievalEvalConfig, out_dir: s
     if not queries:
         raise ValueError(f"dataset {dataset.name!r}: no queries left to evaluate after filtering")
     manifest = {
-        "command": "eval retrieval", "dataset": dataset.name, "data_path": data_path, "data_hash": file_hash(data_path),
-        "n_queries": len(queries), "methods": list(config.methods),  # adding methods to a run is fine: one stage each
-        "config": {"ks": list(config.ks), "exclude": list(config.exclude_categories),
-                   "memory_keys": config.memory_keys and list(config.memory_keys), "limit": config.limit,
-                   "source_options": config.source_options,
-                   "retrieval": config.retrieval.to_json()},
+        "command": "eval retrieval",
+        "dataset": dataset.name,
+        "data_path": data_path,
+        "data_hash": file_hash(data_path),
+        "n_queries": len(queries),
+        "methods": list(config.methods),  # adding methods to a run is fine: one stage each
+        "config": {
+            "ks": list(config.ks),
+            "exclude": list(config.exclude_categories),
+            "memory_keys": config.memory_keys and list(config.memory_keys),
+            "limit": config.limit,
+            "source_options": config.source_options,
+            "retrieval": config.retrieval.to_json(),
+        },
     }
     runner = StageRunner(out_dir, manifest, overwrite=overwrite)
     store = MemoryCollection(dataset.memories, config.retrieval)

@@ -30,15 +30,26 @@ import os
 import platform
 import time
 import traceback
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from tqdm.auto import tqdm
 
-VERSIONED_PACKAGES = ("tider", "torch", "transformers", "trl", "sentence-transformers", "faiss-cpu", "bm25s", "rank-bm25",
-                      "scikit-learn", "numpy", "scipy")
+VERSIONED_PACKAGES = (
+    "tider",
+    "torch",
+    "transformers",
+    "trl",
+    "sentence-transformers",
+    "faiss-cpu",
+    "bm25s",
+    "rank-bm25",
+    "scikit-learn",
+    "numpy",
+    "scipy",
+)
 
 
 @dataclass
@@ -105,8 +116,10 @@ class StageRunner:
         if path.exists() and has_records and not overwrite:
             old = json.loads(path.read_text())
             if old.get("config") != manifest.get("config") or old.get("data_hash") != manifest.get("data_hash"):
-                raise ValueError(f"{path} was written by a run with a different config or data; use another --out "
-                                 "or overwrite to start over")
+                raise ValueError(
+                    f"{path} was written by a run with a different config or data; use another --out "
+                    "or overwrite to start over"
+                )
         if overwrite:
             for stale in self.out_dir.glob("*.jsonl"):
                 stale.unlink()
@@ -118,8 +131,14 @@ class StageRunner:
     def stage_path(self, name: str) -> Path:
         return self.out_dir / f"{name}.jsonl"
 
-    def run(self, stage: Stage, items: Sequence, key: Callable[[object], str], progress: bool = True,
-            fingerprint: Callable[[object], str] | None = None) -> dict[str, dict]:
+    def run(
+        self,
+        stage: Stage,
+        items: Sequence,
+        key: Callable[[object], str],
+        progress: bool = True,
+        fingerprint: Callable[[object], str] | None = None,
+    ) -> dict[str, dict]:
         """Run ``stage`` on the items not finished yet; return ``{key: record}`` for every
         item that succeeded (now or in an earlier run), in item order. ``fingerprint(item)``
         names the stage's input: a finished record with another fingerprint is redone."""
@@ -128,8 +147,11 @@ class StageRunner:
         if len(set(keys)) != len(keys):
             raise ValueError(f"stage {stage.name!r}: item keys are not unique")
         prints = {k: fingerprint(it) for k, it in zip(keys, items)} if fingerprint else {}
-        done = {k for k, row in read_records(path).items()
-                if row.get("status") == "ok" and row.get("fingerprint") == prints.get(k)}
+        done = {
+            k
+            for k, row in read_records(path).items()
+            if row.get("status") == "ok" and row.get("fingerprint") == prints.get(k)
+        }
         todo = [(k, it) for k, it in zip(keys, items) if k not in done]
         delay = float(os.environ.get("TIDER_STAGE_DELAY_S", "0"))  # fault-injection hook for resume tests
         if todo:
@@ -144,11 +166,20 @@ class StageRunner:
                     try:
                         record = stage.fn(item)
                         partial = bool(stage.retry_if and stage.retry_if(record))
-                        row = {"key": k, "stage": stage.name, "status": "partial" if partial else "ok",
-                               "record": record}
+                        row = {
+                            "key": k,
+                            "stage": stage.name,
+                            "status": "partial" if partial else "ok",
+                            "record": record,
+                        }
                     except Exception as err:  # recorded, retried on the next run, never silently dropped
-                        row = {"key": k, "stage": stage.name, "status": "error", "error": repr(err),
-                               "traceback": traceback.format_exc(limit=5)}
+                        row = {
+                            "key": k,
+                            "stage": stage.name,
+                            "status": "error",
+                            "error": repr(err),
+                            "traceback": traceback.format_exc(limit=5),
+                        }
                     if k in prints:
                         row["fingerprint"] = prints[k]
                     f.write(json.dumps(row, default=str) + "\n")
@@ -156,18 +187,22 @@ class StageRunner:
                     if delay:
                         time.sleep(delay)
         latest = read_records(path)
-        return {k: latest[k]["record"] for k in keys
-                if k in latest and latest[k].get("status") in ("ok", "partial")}
+        return {k: latest[k]["record"] for k in keys if k in latest and latest[k].get("status") in ("ok", "partial")}
 
     def errors(self, name: str) -> dict[str, str]:
         """Keys whose latest line is an exception (``partial`` records are not errors)."""
-        return {k: row.get("error", "") for k, row in read_records(self.stage_path(name)).items()
-                if row.get("status") == "error"}
+        return {
+            k: row.get("error", "")
+            for k, row in read_records(self.stage_path(name)).items()
+            if row.get("status") == "error"
+        }
 
     def raise_if_failed(self, name: str) -> None:
         """Stop the run when a stage left errors: later stages would build on missing records."""
         failed = self.errors(name)
         if failed:
             key, error = next(iter(failed.items()))
-            raise RuntimeError(f"{name}: {len(failed)} queries failed (e.g. {key}: {error}); "
-                               f"rerun to retry them, see {self.stage_path(name)}")
+            raise RuntimeError(
+                f"{name}: {len(failed)} queries failed (e.g. {key}: {error}); "
+                f"rerun to retry them, see {self.stage_path(name)}"
+            )

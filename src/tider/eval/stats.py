@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from itertools import combinations
-from typing import Mapping, Sequence
 
 
 def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict:
@@ -24,8 +24,10 @@ def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict:
 
 def pairwise_mcnemar(outcomes: Mapping[str, Sequence[bool]]) -> dict[str, dict]:
     """McNemar for every pair of systems; keys ``"A vs B"``. Outcome lists must be aligned."""
-    return {f"{x} vs {y}": {"a": x, "b_system": y, **mcnemar_exact(outcomes[x], outcomes[y])}
-            for x, y in combinations(list(outcomes), 2)}
+    return {
+        f"{x} vs {y}": {"a": x, "b_system": y, **mcnemar_exact(outcomes[x], outcomes[y])}
+        for x, y in combinations(list(outcomes), 2)
+    }
 
 
 def mcnemar_markdown(title: str, first_column: str, tests: Mapping[str, dict], orientation: str) -> list[str]:

@@ -24,8 +24,8 @@ serialized context.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from tider.forest.lexical import IDF, STOPWORDS, units
 from tider.forest.structure import STATE_CHANGE_CUES, Forest
@@ -37,9 +37,7 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _CLAUSE = re.compile(r"(?<=[;,])\s+")
 _DIGIT = re.compile(r"\d")
 _TIME_WORDS = frozenset(
-    "january february march april may june july august september october november december jan feb mar apr jun "
-    "jul aug sep sept oct nov dec monday tuesday wednesday thursday friday saturday sunday today yesterday "
-    "tomorrow tonight week weekend month year ago last next morning evening night noon".split()
+    ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october", "november", "december", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday", "today", "yesterday", "tomorrow", "tonight", "week", "weekend", "month", "year", "ago", "last", "next", "morning", "evening", "night", "noon"]
 )
 
 
@@ -110,9 +108,13 @@ class Compression:
         return " ".join(parts)
 
     def to_json(self) -> dict:
-        return {"budget": self.budget, "over_budget": self.over_budget, "omitted": self.omitted,
-                "retained_tokens": self.retained_tokens(),
-                "kept": {str(n): [s.kept for s in spans] for n, spans in self.spans.items()}}
+        return {
+            "budget": self.budget,
+            "over_budget": self.over_budget,
+            "omitted": self.omitted,
+            "retained_tokens": self.retained_tokens(),
+            "kept": {str(n): [s.kept for s in spans] for n, spans in self.spans.items()},
+        }
 
 
 def _is_protected(text: str, entities: set[str], update_edge: bool) -> bool:
@@ -153,8 +155,9 @@ def score_spans(forest: Forest, question: str, idf: IDF, count_tokens: TokenCoun
     return out
 
 
-def compress_forest(forest: Forest, question: str, idf: IDF, budget: int,
-                    count_tokens: Optional[TokenCounter] = None) -> Compression:
+def compress_forest(
+    forest: Forest, question: str, idf: IDF, budget: int, count_tokens: TokenCounter | None = None
+) -> Compression:
     spans = score_spans(forest, question, idf, count_tokens or whitespace_tokens)
     result = Compression(spans, budget)
     total = result.retained_tokens()
@@ -179,7 +182,7 @@ def compress_forest(forest: Forest, question: str, idf: IDF, budget: int,
     return result
 
 
-def truncate_to_budget(text: str, budget: int, count_tokens: Optional[TokenCounter] = None) -> str:
+def truncate_to_budget(text: str, budget: int, count_tokens: TokenCounter | None = None) -> str:
     """The "w/o compression" ablation: cut the serialized context at B tokens (by
     whole lines, then words, so the cut never splits a token)."""
     count = count_tokens or whitespace_tokens

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from tider.text import words
 
 STOPWORDS = frozenset(
-    "a an and are as at be been but by did do does for from had has have he her him his how i if in into is it its "
-    "me my no not of on or our she so than that the their them then there they this to too us was we were what "
-    "when where which who why will with would you your yes just also about up out very can could should".split()
+    ["a", "an", "and", "are", "as", "at", "be", "been", "but", "by", "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "him", "his", "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "no", "not", "of", "on", "or", "our", "she", "so", "than", "that", "the", "their", "them", "then", "there", "they", "this", "to", "too", "us", "was", "we", "were", "what", "when", "where", "which", "who", "why", "will", "with", "would", "you", "your", "yes", "just", "also", "about", "up", "out", "very", "can", "could", "should"]
     # what is left of a contraction ("it's", "don't", "I'm") once the apostrophe splits it
-    + "s t m d ll re ve".split()
+    + ["s", "t", "m", "d", "ll", "re", "ve"]
 )
 
 

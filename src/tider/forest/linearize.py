@@ -13,8 +13,8 @@ Flat: messages in retrieval-rank order, one per line.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence
 
 from tider.forest.compress import IDF, Compression, TokenCounter, compress_forest
 from tider.forest.structure import Forest
@@ -33,7 +33,7 @@ class Row:
     message_id: int
 
 
-def forest_rows(forest: Forest, granularity: Granularity, compression: Optional[Compression] = None) -> list[Row]:
+def forest_rows(forest: Forest, granularity: Granularity, compression: Compression | None = None) -> list[Row]:
     rows: list[Row] = []
     index_of: dict[int, int] = {}
 
@@ -42,9 +42,18 @@ def forest_rows(forest: Forest, granularity: Granularity, compression: Optional[
         index_of[node] = len(rows) + 1
         parent = forest.parent.get(node)
         text = compression.text_of(node) if compression is not None else m.text
-        rows.append(Row(index_of[node], index_of[parent] if parent is not None else 0,
-                        forest.relation.get(node, "ROOT"), depth, format_time(m.timestamp, granularity),
-                        m.speaker, text, m.id))
+        rows.append(
+            Row(
+                index_of[node],
+                index_of[parent] if parent is not None else 0,
+                forest.relation.get(node, "ROOT"),
+                depth,
+                format_time(m.timestamp, granularity),
+                m.speaker,
+                text,
+                m.id,
+            )
+        )
         for child in forest.children(node):
             visit(child, depth + 1)
 
@@ -59,8 +68,10 @@ def render_forest(rows: Sequence[Row]) -> str:
         if r.depth == 0:
             tree += 1
             lines.append(f"TREE {tree}")
-        lines.append(f"{'  ' * r.depth}[{r.index}] parent={r.parent} {r.relation} depth={r.depth} "
-                     f"time={r.time} author={r.author}: {r.text}")
+        lines.append(
+            f"{'  ' * r.depth}[{r.index}] parent={r.parent} {r.relation} depth={r.depth} "
+            f"time={r.time} author={r.author}: {r.text}"
+        )
     return "\n".join(lines)
 
 
@@ -83,8 +94,9 @@ class FittedForest:
     metadata_tokens: int  # what the per-node metadata costs, taken off the budget first
 
 
-def fit_forest(forest: Forest, question: str, idf: IDF, budget: int, count_tokens: TokenCounter,
-               granularity: Granularity) -> FittedForest:
+def fit_forest(
+    forest: Forest, question: str, idf: IDF, budget: int, count_tokens: TokenCounter, granularity: Granularity
+) -> FittedForest:
     """Compress and linearize ``forest`` so the serialized context fits ``budget`` tokens:
     the per-node metadata (index, parent, relation, depth, time, author) comes off the
     budget, the spans share the rest; omission markers and joins cost a few tokens the

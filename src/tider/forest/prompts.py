@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from tider.types import Granularity, Message, format_time
 
@@ -21,7 +21,7 @@ def msg_id(message_id: int) -> str:
     return f"Msg_{message_id}"
 
 
-def parse_msg_id(value) -> Optional[int]:
+def parse_msg_id(value) -> int | None:
     """``"Msg_12"`` or ``12`` -> 12; anything else -> None (model output is untrusted)."""
     if isinstance(value, bool):
         return None
@@ -40,7 +40,7 @@ def render_message(m: Message, granularity: Granularity) -> str:
     return f"[{msg_id(m.id)}] ({', '.join(meta)}) {m.text}"
 
 
-def question_head(question: str, asking_user: Optional[str]) -> str:
+def question_head(question: str, asking_user: str | None) -> str:
     """The lines every forest prompt opens with: who asks, and what."""
     return f"Asking user: {asking_user or 'unknown'}\nQuestion: {question}\n"
 
@@ -87,8 +87,9 @@ SELECTION_SCHEMA = {
 }
 
 
-def selection_messages(question: str, asking_user: Optional[str], window_text: str, candidates: Sequence[Message],
-                       granularity: Granularity) -> list[dict]:
+def selection_messages(
+    question: str, asking_user: str | None, window_text: str, candidates: Sequence[Message], granularity: Granularity
+) -> list[dict]:
     lines = "\n".join(render_message(m, granularity) for m in candidates)
     user = f"{question_head(question, asking_user)}Topic-time window: {window_text}\nCandidate messages:\n{lines}"
     return [{"role": "system", "content": SELECTION_SYSTEM}, {"role": "user", "content": user}]
@@ -136,11 +137,14 @@ STRUCTURING_SCHEMA = {
 }
 
 
-def structuring_messages(question: str, asking_user: Optional[str], child: Message, candidates: Sequence[Message],
-                         granularity: Granularity) -> list[dict]:
+def structuring_messages(
+    question: str, asking_user: str | None, child: Message, candidates: Sequence[Message], granularity: Granularity
+) -> list[dict]:
     parents = "\n".join(render_message(m, granularity) for m in candidates)
-    user = (f"{question_head(question, asking_user)}Later child message:\n{render_message(child, granularity)}\n"
-            f"Earlier candidate parents:\n{parents}")
+    user = (
+        f"{question_head(question, asking_user)}Later child message:\n{render_message(child, granularity)}\n"
+        f"Earlier candidate parents:\n{parents}"
+    )
     return [{"role": "system", "content": STRUCTURING_SYSTEM}, {"role": "user", "content": user}]
 
 
@@ -164,7 +168,7 @@ READER_SYSTEM_FOREST = (
 READER_SYSTEM = {"flat": READER_SYSTEM_FLAT, "forest": READER_SYSTEM_FOREST}
 
 
-def reader_user_prompt(question: str, asking_user: Optional[str]) -> tuple[str, str]:
+def reader_user_prompt(question: str, asking_user: str | None) -> tuple[str, str]:
     """(head, tail) of the shared user template; the context goes between them. Kept
     apart so the leakage validator can check the instruction parts on their own."""
     head = f"{question_head(question, asking_user)}Retrieved conversation passages:\n"
@@ -172,18 +176,21 @@ def reader_user_prompt(question: str, asking_user: Optional[str]) -> tuple[str, 
     return head, tail
 
 
-def reader_messages(context_kind: str, question: str, asking_user: Optional[str], context: str) -> list[dict]:
+def reader_messages(context_kind: str, question: str, asking_user: str | None, context: str) -> list[dict]:
     if context_kind not in READER_SYSTEM:
         raise ValueError(f"unknown context kind {context_kind!r}; known: {', '.join(READER_SYSTEM)}")
     head, tail = reader_user_prompt(question, asking_user)
-    return [{"role": "system", "content": READER_SYSTEM[context_kind]}, {"role": "user", "content": head + context + tail}]
+    return [
+        {"role": "system", "content": READER_SYSTEM[context_kind]},
+        {"role": "user", "content": head + context + tail},
+    ]
 
 
 JUDGE_SYSTEM = (
     "Judge whether the agent answer is semantically consistent with the gold answer, accepting meaning-equivalent "
     "paraphrases. Output only Final: Correct or Final: Incorrect."
 )
-_VERDICT = re.compile(r"Final:\s*(Correct|Incorrect)", re.I)
+_VERDICT = re.compile(r"Final:\s*(Correct|Incorrect)", re.IGNORECASE)
 
 
 def judge_messages(question: str, gold_answer: str, agent_answer: str) -> list[dict]:
@@ -191,7 +198,7 @@ def judge_messages(question: str, gold_answer: str, agent_answer: str) -> list[d
     return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
 
 
-def parse_verdict(text: str) -> Optional[bool]:
+def parse_verdict(text: str) -> bool | None:
     """True / False from the last ``Final: Correct|Incorrect``; None when absent (a typed
     parse failure the report counts)."""
     found = _VERDICT.findall(text or "")

@@ -9,8 +9,8 @@ and is recorded as an error, never raised.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ class WindowSelection:
     selected: list[int]
     labels: dict[int, str]
     invalid_ids: int = 0
-    error: Optional[str] = None
+    error: str | None = None
 
 
 @dataclass
@@ -52,25 +52,40 @@ def window_candidates(memory: Memory, window: Window, query_text: str, similarit
     return sorted(ids[i] for i in best)
 
 
-def selection_prompts(query: Query, memory: Memory, windows: Sequence[Window], similarity: Similarity,
-                      top_n: int = 100) -> list[tuple[Window, list[int], list[dict]]]:
+def selection_prompts(
+    query: Query, memory: Memory, windows: Sequence[Window], similarity: Similarity, top_n: int = 100
+) -> list[tuple[Window, list[int], list[dict]]]:
     out = []
     for w in windows:
         cands = window_candidates(memory, w, query.text, similarity, top_n)
         if not cands:
             continue
         text = f"{format_time(w.start, memory.granularity)} .. {format_time(w.end, memory.granularity)}"
-        out.append((w, cands, selection_messages(query.text, query.user, text, [memory[i] for i in cands],
-                                                 memory.granularity)))
+        out.append(
+            (w, cands, selection_messages(query.text, query.user, text, [memory[i] for i in cands], memory.granularity))
+        )
     return out
 
 
-def select_evidence(query: Query, memory: Memory, seeds: Sequence[int], windows: Sequence[Window], client,
-                    similarity: Similarity, top_n: int = 100, max_tokens: int = 512) -> SelectionResult:
+def select_evidence(
+    query: Query,
+    memory: Memory,
+    seeds: Sequence[int],
+    windows: Sequence[Window],
+    client,
+    similarity: Similarity,
+    top_n: int = 100,
+    max_tokens: int = 512,
+) -> SelectionResult:
     """``query`` must be ``query.public()``: nothing here may see gold labels."""
     prompts = selection_prompts(query, memory, windows, similarity, top_n)
-    results = client.chat_batch([p for _, _, p in prompts], stage="select", json_schema=SELECTION_SCHEMA,
-                                max_tokens=max_tokens) if prompts else []
+    results = (
+        client.chat_batch(
+            [p for _, _, p in prompts], stage="select", json_schema=SELECTION_SCHEMA, max_tokens=max_tokens
+        )
+        if prompts
+        else []
+    )
     per_window, selected_all = [], set()
     for (w, cands, _), result in zip(prompts, results):
         allowed, chosen, labels, invalid = set(cands), [], {}, 0
@@ -83,8 +98,16 @@ def select_evidence(query: Query, memory: Memory, seeds: Sequence[int], windows:
                 if mid not in labels:
                     chosen.append(mid)
                 labels[mid] = str(item.get("label", "KEY")).upper()
-        per_window.append(WindowSelection(w.to_json(memory.granularity), cands, chosen, labels, invalid,
-                                          None if result.parsed_json is not None else (result.error or "no_json")))
+        per_window.append(
+            WindowSelection(
+                w.to_json(memory.granularity),
+                cands,
+                chosen,
+                labels,
+                invalid,
+                None if result.parsed_json is not None else (result.error or "no_json"),
+            )
+        )
         selected_all.update(chosen)
     seeds = list(dict.fromkeys(seeds))
     extra = sorted(selected_all - set(seeds))

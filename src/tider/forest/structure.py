@@ -16,8 +16,8 @@ silent substitute for the LLM).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 from tider.forest.lexical import units
 from tider.forest.prompts import STRUCTURING_SCHEMA, parse_msg_id, structuring_messages
@@ -38,7 +38,8 @@ def order_key(m: Message) -> tuple[float, float, float]:
 def eligible_parents(child: Message, earlier: Sequence[Message]) -> list[Message]:
     """Eq. 4: earlier in time, same topic, not later in stage order."""
     return [
-        p for p in earlier
+        p
+        for p in earlier
         if p.timestamp < child.timestamp and p.topic == child.topic and order_key(p) <= order_key(child)
     ]
 
@@ -68,12 +69,14 @@ class Forest:
     def to_json(self) -> dict:
         return {
             "nodes": sorted(self.messages),
-            "edges": [{"child": c, "parent": p, "relation": self.relation[c], "confidence": self.confidence.get(c)}
-                      for c, p in sorted(self.parent.items())],
+            "edges": [
+                {"child": c, "parent": p, "relation": self.relation[c], "confidence": self.confidence.get(c)}
+                for c, p in sorted(self.parent.items())
+            ],
         }
 
     @classmethod
-    def from_json(cls, data: dict, messages: dict[int, Message]) -> "Forest":
+    def from_json(cls, data: dict, messages: dict[int, Message]) -> Forest:
         forest = cls({i: messages[i] for i in data["nodes"]})
         for n in forest.messages:
             forest.relation[n] = "ROOT"
@@ -89,22 +92,26 @@ class Judgement:
     """One classifier call: scored candidates and, if the call failed, why."""
 
     scored: list[tuple[int, str, float]]  # (parent id, relation, confidence)
-    error: Optional[str] = None
-    raw: Optional[str] = None
-    prompt: Optional[list[dict]] = None  # the messages sent, for an LLM classifier
+    error: str | None = None
+    raw: str | None = None
+    prompt: list[dict] | None = None  # the messages sent, for an LLM classifier
 
 
 class RelationClassifier:
     name = "base"
 
-    def classify_many(self, question: str, user: Optional[str], tasks: Sequence[tuple[Message, Sequence[Message]]],
-                      granularity: Granularity) -> list[Judgement]:
+    def classify_many(
+        self,
+        question: str,
+        user: str | None,
+        tasks: Sequence[tuple[Message, Sequence[Message]]],
+        granularity: Granularity,
+    ) -> list[Judgement]:
         raise NotImplementedError
 
 
 STATE_CHANGE_CUES = frozenset(
-    "now changed change instead longer moved switched updated new finally decided started stopped quit became "
-    "anymore replaced postponed moved cancelled canceled rescheduled actually".split()
+    ["now", "changed", "change", "instead", "longer", "moved", "switched", "updated", "new", "finally", "decided", "started", "stopped", "quit", "became", "anymore", "replaced", "postponed", "moved", "cancelled", "canceled", "rescheduled", "actually"]
 )
 
 
@@ -151,14 +158,15 @@ class LLMRelationClassifier(RelationClassifier):
 
     def prompts(self, question, user, tasks, granularity) -> list[list[dict]]:
         return [
-            structuring_messages(question, user, child, list(cands)[-self.max_candidates:], granularity)
+            structuring_messages(question, user, child, list(cands)[-self.max_candidates :], granularity)
             for child, cands in tasks
         ]
 
     def classify_many(self, question, user, tasks, granularity):
         batch = self.prompts(question, user, tasks, granularity)
-        results = self.client.chat_batch(batch, stage="structure", json_schema=STRUCTURING_SCHEMA,
-                                         max_tokens=self.max_tokens)
+        results = self.client.chat_batch(
+            batch, stage="structure", json_schema=STRUCTURING_SCHEMA, max_tokens=self.max_tokens
+        )
         out = []
         for (child, cands), result, prompt in zip(tasks, results, batch):
             if result.parsed_json is None:
@@ -198,8 +206,13 @@ def structuring_tasks(messages: Sequence[Message]) -> tuple[list[Message], list[
     return ordered, [(child, cands) for child, cands in tasks if cands]
 
 
-def build_forest(question: str, user: Optional[str], messages: Sequence[Message], classifier: RelationClassifier,
-                 granularity: Granularity = "day") -> tuple[Forest, list[Judgement]]:
+def build_forest(
+    question: str,
+    user: str | None,
+    messages: Sequence[Message],
+    classifier: RelationClassifier,
+    granularity: Granularity = "day",
+) -> tuple[Forest, list[Judgement]]:
     """Structure ``messages`` (R'(q)) into a forest; returns it with the per-child judgements."""
     ordered, tasks = structuring_tasks(messages)
     forest = Forest({m.id: m for m in ordered}, relation={m.id: "ROOT" for m in ordered})

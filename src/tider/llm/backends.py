@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 Messages = Sequence[dict]
 
@@ -31,13 +31,13 @@ def api_key_from_env(api_key_env: str = "TIDER_API_KEY") -> str:
     return os.environ.get(api_key_env) or os.environ.get("OPENAI_API_KEY") or "EMPTY"
 
 
-def served_models(base_url: str, *, api_key: Optional[str] = None, api_key_env: str = "TIDER_API_KEY",
-                  timeout: float = 30.0) -> list[dict]:
+def served_models(
+    base_url: str, *, api_key: str | None = None, api_key_env: str = "TIDER_API_KEY", timeout: float = 30.0
+) -> list[dict]:
     """``/v1/models`` entries: ``id``, and for vLLM ``root`` (the folder or Hub id it serves)."""
     from openai import OpenAI
 
-    client = OpenAI(base_url=base_url, api_key=api_key or api_key_from_env(api_key_env), timeout=timeout,
-                    max_retries=2)
+    client = OpenAI(base_url=base_url, api_key=api_key or api_key_from_env(api_key_env), timeout=timeout, max_retries=2)
     listed = client.models.list().data
     if not listed:
         raise ValueError(f"server {base_url} lists no models; pass the model name")
@@ -57,9 +57,9 @@ class ServedTokenizer:
 
     chat_template = "served"  # truthy: the server applies the model's chat template
 
-    def __init__(self, base_url: str, model: str, *, api_key: Optional[str] = None, timeout: float = 30.0):
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout: float = 30.0):
         root = base_url.rstrip("/")
-        self.url = (root[: -len("/v1")] if root.endswith("/v1") else root) + "/tokenize"
+        self.url = (root.removesuffix("/v1")) + "/tokenize"
         self.model = model
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {api_key or api_key_from_env()}"}
@@ -87,8 +87,9 @@ class ServedTokenizer:
             self._texts[text] = self._tokens({"prompt": text, "add_special_tokens": True})
         return {"input_ids": self._texts[text]}
 
-    def apply_chat_template(self, messages: Messages, *, tokenize: bool = True, add_generation_prompt: bool = True,
-                            **_ignored) -> list[int]:
+    def apply_chat_template(
+        self, messages: Messages, *, tokenize: bool = True, add_generation_prompt: bool = True, **_ignored
+    ) -> list[int]:
         if not tokenize:
             raise ValueError("ServedTokenizer counts tokens; it does not render chat templates to text")
         return self._tokens({"messages": list(messages), "add_generation_prompt": add_generation_prompt})
@@ -109,10 +110,10 @@ class OpenAIBackend:
         model: str,
         *,
         api_key_env: str = "TIDER_API_KEY",
-        api_key: Optional[str] = None,
+        api_key: str | None = None,
         timeout: float = 120.0,
         structured: str = "response_format",
-        chat_template_kwargs: Optional[dict] = None,
+        chat_template_kwargs: dict | None = None,
     ):
         if structured not in STRUCTURED_MODES:
             raise ValueError(f"unknown structured-output mode {structured!r}; known: {', '.join(STRUCTURED_MODES)}")
@@ -129,8 +130,12 @@ class OpenAIBackend:
 
     def describe(self) -> dict:
         # Structured decoding changes the text, so the mode is part of the cache key.
-        return {"backend": "openai", "model": self.model, "chat_template_kwargs": self.chat_template_kwargs,
-                "structured": self.structured if self.structured_supported else "none"}
+        return {
+            "backend": "openai",
+            "model": self.model,
+            "chat_template_kwargs": self.chat_template_kwargs,
+            "structured": self.structured if self.structured_supported else "none",
+        }
 
     def generate(
         self,
@@ -138,8 +143,8 @@ class OpenAIBackend:
         *,
         max_tokens: int,
         temperature: float,
-        seed: Optional[int] = None,
-        json_schema: Optional[dict] = None,
+        seed: int | None = None,
+        json_schema: dict | None = None,
         schema_name: str = "output",
     ) -> Completion:
         import openai
@@ -193,7 +198,7 @@ class LocalHFBackend:
         device: str = "cpu",
         dtype: str = "auto",
         batch_size: int = 8,
-        chat_template_kwargs: Optional[dict] = None,
+        chat_template_kwargs: dict | None = None,
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -222,8 +227,8 @@ class LocalHFBackend:
         *,
         max_tokens: int,
         temperature: float,
-        seed: Optional[int] = None,
-        json_schema: Optional[dict] = None,
+        seed: int | None = None,
+        json_schema: dict | None = None,
         schema_name: str = "output",
     ) -> list[Completion]:
         import torch
@@ -243,7 +248,9 @@ class LocalHFBackend:
                     torch.manual_seed(seed)
                 # Plain temperature sampling, as vLLM and TRL's GRPO sample (transformers would
                 # otherwise apply its default top_k=50).
-                sampling = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
+                sampling = (
+                    dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
+                )
                 generated = self.hf_model.generate(
                     **enc, max_new_tokens=max_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling
                 )

@@ -11,7 +11,7 @@ import json
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 
 def cache_key(payload: dict) -> str:
@@ -31,7 +31,7 @@ class LLMCache:
             self._conn.execute("CREATE TABLE IF NOT EXISTS completions (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             self._conn.commit()
 
-    def get(self, key: str) -> Optional[dict[str, Any]]:
+    def get(self, key: str) -> dict[str, Any] | None:
         with self._lock:
             row = self._conn.execute("SELECT value FROM completions WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else None

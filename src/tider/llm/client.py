@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -33,9 +34,9 @@ logger = logging.getLogger(__name__)
 @dataclass
 class LLMResult:
     text: str
-    parsed_json: Optional[Any] = None
+    parsed_json: Any | None = None
     usage: dict = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0})
-    error: Optional[str] = None
+    error: str | None = None
     cached: bool = False
     attempts: int = 0
 
@@ -63,7 +64,7 @@ class LLMClient:
         self,
         backend,
         *,
-        cache: Optional[LLMCache] = None,
+        cache: LLMCache | None = None,
         max_retries: int = 2,
         backoff: float = 0.5,
         concurrency: int = 4,
@@ -102,7 +103,7 @@ class LLMClient:
     def _key(self, messages: Messages, settings: dict) -> str:
         return cache_key({"backend": self.backend.describe(), "messages": list(messages), **settings})
 
-    def _from_cache(self, key: str) -> Optional[LLMResult]:
+    def _from_cache(self, key: str) -> LLMResult | None:
         if self.cache is None:
             return None
         hit = self.cache.get(key)
@@ -110,7 +111,7 @@ class LLMClient:
             return None
         return LLMResult(text=hit["text"], parsed_json=hit.get("parsed_json"), usage=hit["usage"], cached=True)
 
-    def _finish(self, completion: Completion, json_schema: Optional[dict], check=None) -> LLMResult:
+    def _finish(self, completion: Completion, json_schema: dict | None, check=None) -> LLMResult:
         usage = {"prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens}
         if not completion.text.strip():
             return LLMResult(text=completion.text, usage=usage, error="empty_output")
@@ -124,12 +125,12 @@ class LLMClient:
         messages: Messages,
         *,
         stage: str,
-        json_schema: Optional[dict] = None,
-        max_tokens: Optional[int] = None,
+        json_schema: dict | None = None,
+        max_tokens: int | None = None,
         temperature: float = 0.0,
-        seed: Optional[int] = None,
-        check: Optional[Callable[[str], Optional[str]]] = None,
-        _first: Optional[Completion] = None,
+        seed: int | None = None,
+        check: Callable[[str], str | None] | None = None,
+        _first: Completion | None = None,
     ) -> LLMResult:
         """``check(text)`` (plain-text calls) returns a failure reason for malformed output,
         e.g. a judge reply without a verdict: it is retried like malformed JSON."""
@@ -150,8 +151,10 @@ class LLMClient:
             if attempt:
                 time.sleep(self.backoff * (2 ** (attempt - 1)))
             try:
-                completion = first if (attempt == 0 and first is not None) else self.backend.generate(
-                    messages, json_schema=json_schema, schema_name=stage, **settings
+                completion = (
+                    first
+                    if (attempt == 0 and first is not None)
+                    else self.backend.generate(messages, json_schema=json_schema, schema_name=stage, **settings)
                 )
             except StructuredOutputRejected:
                 # The backend has switched to plain text; retry at once, not counted.
@@ -184,7 +187,7 @@ class LLMClient:
         *,
         stage: str,
         progress: bool = False,
-        json_schemas: Optional[Sequence[dict]] = None,
+        json_schemas: Sequence[dict] | None = None,
         **kwargs,
     ) -> list[LLMResult]:
         """``chat`` over many prompts, results in input order.
@@ -213,11 +216,13 @@ class LLMClient:
         bar.close()
         return results
 
-    def _chat_batch_local(self, batch, *, stage, json_schema=None, max_tokens=None, temperature=0.0, seed=None,
-                          check=None):
+    def _chat_batch_local(
+        self, batch, *, stage, json_schema=None, max_tokens=None, temperature=0.0, seed=None, check=None
+    ):
         settings = dict(max_tokens=max_tokens or self.default_max_tokens, temperature=temperature, seed=seed)
         misses = [
-            i for i, m in enumerate(batch)
+            i
+            for i, m in enumerate(batch)
             if self.cache is None or self.cache.get(self._key(m, {**settings, "json_schema": json_schema})) is None
         ]
         firsts: dict[int, Completion] = {}
@@ -229,8 +234,13 @@ class LLMClient:
                 firsts = dict(zip(misses, completions))
             except (RuntimeError, ValueError) as exc:  # e.g. out of memory on a long batch; a bug still raises
                 # One by one instead: each call retries and records its own error.
-                logger.warning("%s: batched generation of %d prompts failed (%s: %s); generating one by one",
-                               stage, len(misses), type(exc).__name__, str(exc)[:200])
+                logger.warning(
+                    "%s: batched generation of %d prompts failed (%s: %s); generating one by one",
+                    stage,
+                    len(misses),
+                    type(exc).__name__,
+                    str(exc)[:200],
+                )
                 with self._lock:
                     self._usage.setdefault(stage, StageUsage()).batch_fallbacks += 1
         return [
@@ -242,11 +252,11 @@ class LLMClient:
 def make_client(
     spec: str,
     *,
-    model: Optional[str] = None,
-    cache_path: Optional[str] = None,
+    model: str | None = None,
+    cache_path: str | None = None,
     api_key_env: str = "TIDER_API_KEY",
     structured: str = "response_format",
-    chat_template_kwargs: Optional[dict] = None,
+    chat_template_kwargs: dict | None = None,
     max_retries: int = 2,
     concurrency: int = 4,
     timeout: float = 120.0,
@@ -258,7 +268,11 @@ def make_client(
     if spec.startswith(("http://", "https://")):
         model = model or served_models(spec, api_key_env=api_key_env)[0]["id"]
         backend = OpenAIBackend(
-            spec, model, api_key_env=api_key_env, timeout=timeout, structured=structured,
+            spec,
+            model,
+            api_key_env=api_key_env,
+            timeout=timeout,
+            structured=structured,
             chat_template_kwargs=chat_template_kwargs,
         )
     else:

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Optional
+from typing import Any
 
 _THINK_END = "</think>"
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
 
 def strip_think(text: str) -> str:
     """Drop everything up to the last ``</think>`` (Qwen3 reasoning)."""
     i = text.rfind(_THINK_END)
-    return text[i + len(_THINK_END):] if i >= 0 else text
+    return text[i + len(_THINK_END) :] if i >= 0 else text
 
 
 def _balanced_objects(text: str):
@@ -44,7 +44,7 @@ def _balanced_objects(text: str):
                     break
 
 
-def parse_json_object(text: str, schema: Optional[dict] = None) -> tuple[Optional[Any], Optional[str]]:
+def parse_json_object(text: str, schema: dict | None = None) -> tuple[Any | None, str | None]:
     """Returns ``(obj, None)`` or ``(None, reason)`` with reason one of
     ``empty_output``, ``no_json``, ``schema_mismatch: ...``."""
     body = strip_think(text or "").strip()
@@ -68,7 +68,7 @@ def parse_json_object(text: str, schema: Optional[dict] = None) -> tuple[Optiona
     return None, first_error or "no_json"
 
 
-def schema_error(obj: Any, schema: dict) -> Optional[str]:
+def schema_error(obj: Any, schema: dict) -> str | None:
     import jsonschema
 
     try:

@@ -22,15 +22,16 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+
 
 def vllm_python() -> str:
     """The interpreter that runs the server: this one, unless env ``TIDER_VLLM_PYTHON`` says otherwise."""
     return os.environ.get("TIDER_VLLM_PYTHON") or sys.executable
 
 
-def vllm_available(python: Optional[str] = None) -> bool:
+def vllm_available(python: str | None = None) -> bool:
     """True when ``python`` (default: :func:`vllm_python`) can import vllm. For skip conditions."""
     python = python or vllm_python()
     if not Path(python).exists():
@@ -58,15 +59,25 @@ def build_server_command(
     *,
     host: str,
     port: int,
-    served_model_name: Optional[str] = None,
-    api_key: Optional[str] = None,
-    max_model_len: Optional[int] = None,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_model_len: int | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The argv that starts the OpenAI-compatible server (the one place to extend).
     ``VLLMServer`` passes its API key as ``VLLM_API_KEY`` in the environment instead of
     ``api_key`` here, so the key never shows in the process list."""
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host, "--port", str(port)]
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     if served_model_name:
         cmd += ["--served-model-name", served_model_name]
     if api_key:
@@ -77,8 +88,9 @@ def build_server_command(
     return cmd
 
 
-def trl_server_flags(model: str, *, port: int, host: str = "127.0.0.1", cuda: bool = True,
-                     extra: Sequence[str] = ()) -> list[str]:
+def trl_server_flags(
+    model: str, *, port: int, host: str = "127.0.0.1", cuda: bool = True, extra: Sequence[str] = ()
+) -> list[str]:
     """The flags ``trl vllm-serve`` gives vLLM's server (TRL's own ``build_command``: weight
     transfer, processed logprobs, unlimited logprobs), after ``--model/--host/--port``.
 
@@ -88,14 +100,14 @@ def trl_server_flags(model: str, *, port: int, host: str = "127.0.0.1", cuda: bo
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     command = build_command(ScriptArguments(model=model, host=host, port=port), list(extra))
-    flags = command[command.index("--port") + 2:]
+    flags = command[command.index("--port") + 2 :]
     if not cuda and "--weight-transfer-config" in flags:
         at = flags.index("--weight-transfer-config")
-        del flags[at:at + 2]
+        del flags[at : at + 2]
     return flags
 
 
-def server_env(base: Optional[dict] = None) -> dict:
+def server_env(base: dict | None = None) -> dict:
     """Environment for the server: offline Hub, a small CPU KV cache unless already set."""
     env = dict(os.environ if base is None else base)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; ignored by GPU builds
@@ -106,8 +118,9 @@ def server_env(base: Optional[dict] = None) -> dict:
     return env
 
 
-def wait_until_ready(base_url: str, timeout: float, *, api_key: Optional[str] = None, check=None,
-                     interval: float = 1.0) -> float:
+def wait_until_ready(
+    base_url: str, timeout: float, *, api_key: str | None = None, check=None, interval: float = 1.0
+) -> float:
     """Poll ``{base_url}/models`` until it answers 200; returns the seconds waited.
 
     Bounded: raises ``TimeoutError`` naming the URL after ``timeout`` seconds. ``check()``
@@ -149,16 +162,16 @@ class VLLMServer:
         self,
         model: str,
         *,
-        port: Optional[int] = None,
+        port: int | None = None,
         host: str = "127.0.0.1",
-        served_model_name: Optional[str] = None,
-        api_key: Optional[str] = None,
-        max_model_len: Optional[int] = None,
-        python: Optional[str] = None,
+        served_model_name: str | None = None,
+        api_key: str | None = None,
+        max_model_len: int | None = None,
+        python: str | None = None,
         extra_args: Sequence[str] = (),
-        log_path: Optional[str | os.PathLike] = None,
+        log_path: str | os.PathLike | None = None,
         startup_timeout: float = 180.0,
-        env: Optional[dict] = None,
+        env: dict | None = None,
     ):
         self.model = str(model)
         self.host = host
@@ -171,7 +184,7 @@ class VLLMServer:
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout = startup_timeout
         self.env = env
-        self.process: Optional[subprocess.Popen] = None
+        self.process: subprocess.Popen | None = None
         self._log_file = None
 
     @property
@@ -199,11 +212,13 @@ class VLLMServer:
             return ""
         return self.log_path.read_text(errors="replace")[-n_chars:]
 
-    def start(self) -> "VLLMServer":
+    def start(self) -> VLLMServer:
         if self.process is not None:
             return self
         if not Path(self.python).exists():
-            raise VLLMServerError(f"vLLM python {self.python!r} not found (TIDER_VLLM_PYTHON names an interpreter that does not exist)")
+            raise VLLMServerError(
+                f"vLLM python {self.python!r} not found (TIDER_VLLM_PYTHON names an interpreter that does not exist)"
+            )
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix="vllm-", suffix=".log")
             os.close(fd)
@@ -266,7 +281,7 @@ class VLLMServer:
             self._log_file.close()
             self._log_file = None
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -23,8 +23,8 @@ outcome keeps the prompt that was sent, so the leak validator checks what the mo
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from tider.locator.contract import MARKS_OUTPUT_SCHEMA, NO_THINKING, OUTPUT_SCHEMA
 from tider.locator.prompt import PromptSettings, locator_input
@@ -39,23 +39,23 @@ class LocatorOutcome:
     """One query's prompt, completion, and what the parser made of it."""
 
     text: str
-    prediction: Optional[WindowPrediction]
-    failure: Optional[str] = None  # ParseFailure value, or the client's error
+    prediction: WindowPrediction | None
+    failure: str | None = None  # ParseFailure value, or the client's error
     detail: str = ""
     messages: list[dict] = field(default_factory=list)  # the prompt as sent
 
-    def prediction_json(self, granularity: Granularity) -> Optional[dict]:
+    def prediction_json(self, granularity: Granularity) -> dict | None:
         return self.prediction.to_json(granularity) if self.prediction is not None else None
 
 
 def endpoint_client(
     url: str,
     *,
-    model: Optional[str] = None,
-    api_key: Optional[str] = None,
+    model: str | None = None,
+    api_key: str | None = None,
     structured: str = "response_format",
-    chat_template_kwargs: Optional[dict] = NO_THINKING,
-    cache_path: Optional[str] = None,
+    chat_template_kwargs: dict | None = NO_THINKING,
+    cache_path: str | None = None,
     timeout: float = 120.0,
     concurrency: int = 4,
 ):
@@ -65,12 +65,18 @@ def endpoint_client(
     from tider.llm.client import LLMClient
 
     model = model or served_models(url, api_key=api_key)[0]["id"]
-    backend = OpenAIBackend(url, model, api_key=api_key, timeout=timeout, structured=structured,
-                            chat_template_kwargs=chat_template_kwargs)
+    backend = OpenAIBackend(
+        url, model, api_key=api_key, timeout=timeout, structured=structured, chat_template_kwargs=chat_template_kwargs
+    )
     # One retry: transport hiccups. A deterministic locator that wrote bad JSON once will
     # write it again, so retrying malformed output would only spend time.
-    return LLMClient(backend, cache=LLMCache(cache_path) if cache_path else None, max_retries=1,
-                     concurrency=concurrency, default_max_tokens=LOCATOR_MAX_TOKENS)
+    return LLMClient(
+        backend,
+        cache=LLMCache(cache_path) if cache_path else None,
+        max_retries=1,
+        concurrency=concurrency,
+        default_max_tokens=LOCATOR_MAX_TOKENS,
+    )
 
 
 def predict_batch(
@@ -78,7 +84,7 @@ def predict_batch(
     inputs: Sequence,
     granularity: Granularity,
     *,
-    memory_spans: Optional[Sequence] = None,
+    memory_spans: Sequence | None = None,
     max_tokens: int = LOCATOR_MAX_TOKENS,
     progress: bool = False,
 ) -> list[LocatorOutcome]:
@@ -89,9 +95,15 @@ def predict_batch(
     # one is checked against the generic schema, which must allow mark answers when the
     # prompts offer marks (else every such answer would count as malformed and be retried).
     generic = MARKS_OUTPUT_SCHEMA if any(i.marks for i in inputs) else OUTPUT_SCHEMA
-    results = client.chat_batch([i.messages for i in inputs], stage="locator", json_schema=generic,
-                                json_schemas=[i.schema() for i in inputs], max_tokens=max_tokens, temperature=0.0,
-                                progress=progress)
+    results = client.chat_batch(
+        [i.messages for i in inputs],
+        stage="locator",
+        json_schema=generic,
+        json_schemas=[i.schema() for i in inputs],
+        max_tokens=max_tokens,
+        temperature=0.0,
+        progress=progress,
+    )
     spans = list(memory_spans) if memory_spans is not None else [None] * len(inputs)
     outcomes = []
     for result, table, span in zip(results, inputs, spans):
@@ -100,16 +112,32 @@ def predict_batch(
             outcomes.append(LocatorOutcome(result.text, None, "request_failed", result.error, messages))
             continue
         parsed = parse_prediction(result.text, granularity=granularity, refs=table, memory_span=span)
-        outcomes.append(LocatorOutcome(result.text, parsed.prediction, parsed.failure.value if parsed.failure else None,
-                                       parsed.detail, messages))
+        outcomes.append(
+            LocatorOutcome(
+                result.text,
+                parsed.prediction,
+                parsed.failure.value if parsed.failure else None,
+                parsed.detail,
+                messages,
+            )
+        )
     return outcomes
 
 
 class ChatWindowSource(BaseSource):
     """A window source backed by a chat model speaking the locator prompt."""
 
-    def __init__(self, client, *, name: str, tokenizer=None, settings: Optional[PromptSettings] = None,
-                 granularity: Optional[Granularity] = None, max_tokens: int = LOCATOR_MAX_TOKENS, resolver=None):
+    def __init__(
+        self,
+        client,
+        *,
+        name: str,
+        tokenizer=None,
+        settings: PromptSettings | None = None,
+        granularity: Granularity | None = None,
+        max_tokens: int = LOCATOR_MAX_TOKENS,
+        resolver=None,
+    ):
         from tider.locator.rules import shared_resolver
 
         self.name = name
@@ -139,11 +167,23 @@ class ChatWindowSource(BaseSource):
         out = []
         for q, m, t, v in zip(publics, memories, timelines, vectors):
             visible = t.visible(q.asked_at) if t is not None else None
-            out.append(locator_input(q, m, visible, query_cues(self.resolver, q, m), granularity, self.settings,
-                                     query_vector=v, tokenizer=self.tokenizer))
+            out.append(
+                locator_input(
+                    q,
+                    m,
+                    visible,
+                    query_cues(self.resolver, q, m),
+                    granularity,
+                    self.settings,
+                    query_vector=v,
+                    tokenizer=self.tokenizer,
+                )
+            )
         return out
 
-    def predict_batch(self, queries: Sequence[Query], memories: Sequence[Memory], timelines: Sequence) -> list[WindowPrediction]:
+    def predict_batch(
+        self, queries: Sequence[Query], memories: Sequence[Memory], timelines: Sequence
+    ) -> list[WindowPrediction]:
         if not queries:
             return []
         granularities = {m.granularity for m in memories}
@@ -153,8 +193,14 @@ class ChatWindowSource(BaseSource):
         if self.granularity and self.granularity != granularity:
             raise ValueError(f"{self.name}: the model speaks {self.granularity!r} times, the data is {granularity!r}")
         inputs = self.inputs(queries, memories, timelines, granularity)
-        outcomes = predict_batch(self.client, inputs, granularity, memory_spans=[m.span for m in memories],
-                                 max_tokens=self.max_tokens, progress=len(inputs) > 8)
+        outcomes = predict_batch(
+            self.client,
+            inputs,
+            granularity,
+            memory_spans=[m.span for m in memories],
+            max_tokens=self.max_tokens,
+            progress=len(inputs) > 8,
+        )
         self.last_inputs, self.last_outcomes = inputs, outcomes
         for o in outcomes:
             if o.failure:
@@ -163,9 +209,17 @@ class ChatWindowSource(BaseSource):
 
 
 @register_source("prompted")
-def make_prompted_source(url: Optional[str] = None, model: Optional[str] = None, *, api_key: Optional[str] = None,
-                         structured: str = "response_format", thinking: bool = False, cache_path: Optional[str] = None,
-                         max_tokens: int = 512, concurrency: int = 4) -> ChatWindowSource:
+def make_prompted_source(
+    url: str | None = None,
+    model: str | None = None,
+    *,
+    api_key: str | None = None,
+    structured: str = "response_format",
+    thinking: bool = False,
+    cache_path: str | None = None,
+    max_tokens: int = 512,
+    concurrency: int = 4,
+) -> ChatWindowSource:
     """Zero-shot baseline: the locator prompt sent to any instruction model.
 
     ``url``: an OpenAI-compatible base URL (then ``model`` names the served model), or a
@@ -176,8 +230,15 @@ def make_prompted_source(url: Optional[str] = None, model: Optional[str] = None,
         raise ValueError("prompted source: pass url= (OpenAI-compatible base URL) or model= (local checkpoint)")
     kwargs = None if thinking else NO_THINKING
     if url and url.startswith(("http://", "https://")):
-        client = endpoint_client(url, model=model, api_key=api_key, structured=structured, chat_template_kwargs=kwargs,
-                                 cache_path=cache_path, concurrency=concurrency)
+        client = endpoint_client(
+            url,
+            model=model,
+            api_key=api_key,
+            structured=structured,
+            chat_template_kwargs=kwargs,
+            cache_path=cache_path,
+            concurrency=concurrency,
+        )
     else:
         from tider.llm.client import make_client
 

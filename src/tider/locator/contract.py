@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 # Bump when the prompt text or output contract changes: caches, exports and manifests key on it.
 # locator-v1 (dates only, K similarity-ranked lines) checkpoints are refused: that prompt
@@ -28,13 +28,17 @@ PROMPT_VERSION = "locator-v2"
 MAX_WINDOWS = 8
 
 
-def _ref(name: str, maximum: Optional[int]) -> dict:
+def _ref(name: str, maximum: int | None) -> dict:
     bound = {"type": "integer", "minimum": 1, **({"maximum": maximum} if maximum else {})}
     return {"type": "object", "properties": {name: bound}, "required": [name], "additionalProperties": False}
 
 
-_SPAN = {"type": "object", "properties": {"start": {"type": "string"}, "end": {"type": "string"}},
-         "required": ["start", "end"], "additionalProperties": False}
+_SPAN = {
+    "type": "object",
+    "properties": {"start": {"type": "string"}, "end": {"type": "string"}},
+    "required": ["start", "end"],
+    "additionalProperties": False,
+}
 
 
 def _mark_ref(labels) -> dict:
@@ -42,7 +46,7 @@ def _mark_ref(labels) -> dict:
     return {"type": "object", "properties": {"mark": label}, "required": ["mark"], "additionalProperties": False}
 
 
-def output_schema(n_lines: Optional[int] = None, n_cues: Optional[int] = None, marks=None) -> dict[str, Any]:
+def output_schema(n_lines: int | None = None, n_cues: int | None = None, marks=None) -> dict[str, Any]:
     """The answer's JSON schema: windows are ``{"entry": k}`` (a timeline line),
     ``{"cue": j}`` (a resolved time cue) or ``{"start", "end"}``; a locator trained with
     ``PromptSettings.marks`` may also write ``{"mark": "A+1"}`` (the line carrying that
@@ -56,8 +60,10 @@ def output_schema(n_lines: Optional[int] = None, n_cues: Optional[int] = None, m
     options += [_SPAN]
     return {
         "type": "object",
-        "properties": {"temporal": {"type": "boolean"},
-                       "windows": {"type": "array", "maxItems": MAX_WINDOWS, "items": {"anyOf": options}}},
+        "properties": {
+            "temporal": {"type": "boolean"},
+            "windows": {"type": "array", "maxItems": MAX_WINDOWS, "items": {"anyOf": options}},
+        },
         "required": ["temporal", "windows"],
         "additionalProperties": False,
     }
@@ -67,7 +73,7 @@ OUTPUT_SCHEMA: dict[str, Any] = output_schema()
 MARKS_OUTPUT_SCHEMA: dict[str, Any] = output_schema(marks=True)
 
 
-def schema_for(prompt_settings: Optional[dict]) -> dict[str, Any]:
+def schema_for(prompt_settings: dict | None) -> dict[str, Any]:
     """The generic output schema of a locator trained with these prompt settings
     (``PromptSettings.to_json()``; ``None``: the defaults)."""
     return MARKS_OUTPUT_SCHEMA if (prompt_settings or {}).get("marks") else OUTPUT_SCHEMA
@@ -91,27 +97,30 @@ def input_settings(retrieval_config) -> dict:
     from tider.retrieval.embed import embedding_model_id
 
     timeline = asdict(retrieval_config.timeline)
-    return {"timeline": timeline, "embedding_model": embedding_model_id(retrieval_config.embedding_model),
-            "embed_template": retrieval_config.embed_template}
+    return {
+        "timeline": timeline,
+        "embedding_model": embedding_model_id(retrieval_config.embedding_model),
+        "embed_template": retrieval_config.embed_template,
+    }
 
 
 @dataclass
 class LocatorMetadata:
     """``tider_locator.json``. ``None`` means unknown (e.g. a checkpoint trained elsewhere)."""
 
-    granularity: Optional[str] = None
-    prompt_settings: Optional[dict] = None  # tider.locator.prompt.PromptSettings.to_json()
-    chat_template_kwargs: Optional[dict] = None
-    timeline: Optional[dict] = None
-    embedding_model: Optional[str] = None
-    embed_template: Optional[str] = None
-    training_data_hash: Optional[str] = None
-    dataset_name: Optional[str] = None
-    split_seed: Optional[int] = None
+    granularity: str | None = None
+    prompt_settings: dict | None = None  # tider.locator.prompt.PromptSettings.to_json()
+    chat_template_kwargs: dict | None = None
+    timeline: dict | None = None
+    embedding_model: str | None = None
+    embed_template: str | None = None
+    training_data_hash: str | None = None
+    dataset_name: str | None = None
+    split_seed: int | None = None
     # Written by ``tider export``.
-    source_checkpoint: Optional[str] = None
-    source_layout: Optional[str] = None
-    dtype: Optional[str] = None
+    source_checkpoint: str | None = None
+    source_layout: str | None = None
+    dtype: str | None = None
     prompt_version: str = PROMPT_VERSION
     output_schema: dict = field(default_factory=lambda: json.loads(json.dumps(OUTPUT_SCHEMA)))
     format: int = METADATA_FORMAT
@@ -121,7 +130,7 @@ class LocatorMetadata:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: Any, where: str = "tider_locator.json") -> "LocatorMetadata":
+    def from_json(cls, data: Any, where: str = "tider_locator.json") -> LocatorMetadata:
         if not isinstance(data, dict):
             raise LocatorContractError(f"{where}: expected a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
@@ -129,7 +138,7 @@ class LocatorMetadata:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
-    def read(cls, path: str | Path) -> "LocatorMetadata":
+    def read(cls, path: str | Path) -> LocatorMetadata:
         path = Path(path)
         if path.is_dir():
             path = path / METADATA_FILE
@@ -142,7 +151,7 @@ class LocatorMetadata:
         return cls.from_json(data, str(path))
 
     @classmethod
-    def find(cls, folder: str | Path) -> Optional["LocatorMetadata"]:
+    def find(cls, folder: str | Path) -> LocatorMetadata | None:
         """The metadata in ``folder`` or, for a ``checkpoint-N`` folder, in its run folder."""
         for candidate in (Path(folder), Path(folder).parent):
             if (candidate / METADATA_FILE).exists():
@@ -158,24 +167,28 @@ class LocatorMetadata:
         return path
 
     # -------------------------------------------------------------- validation
-    def validate(self, where: str) -> "LocatorMetadata":
+    def validate(self, where: str) -> LocatorMetadata:
         """Raise unless this code can prompt the model exactly as it was trained."""
         if self.prompt_version != PROMPT_VERSION:
             raise LocatorContractError(
                 f"{where}: prompt version {self.prompt_version!r} does not match this code's {PROMPT_VERSION!r}; "
                 "the model would be prompted with a format it was not trained on (retrain it with this version: "
-                "`tider sft` then `tider grpo`)")
+                "`tider sft` then `tider grpo`)"
+            )
         if self.output_schema != schema_for(self.prompt_settings):
-            raise LocatorContractError(f"{where}: output_schema differs from the one tider.locator.contract gives "
-                                       "these prompt settings (schema_for)")
+            raise LocatorContractError(
+                f"{where}: output_schema differs from the one tider.locator.contract gives "
+                "these prompt settings (schema_for)"
+            )
         if self.granularity is not None and self.granularity not in GRANULARITIES:
             raise LocatorContractError(f"{where}: granularity {self.granularity!r} is not one of {GRANULARITIES}")
         return self
 
     def unknown_prompt_settings(self) -> list[str]:
         """The prompt settings this file does not record (the client cannot rebuild them)."""
-        return [name for name in ("granularity", "prompt_settings", "chat_template_kwargs")
-                if getattr(self, name) is None]
+        return [
+            name for name in ("granularity", "prompt_settings", "chat_template_kwargs") if getattr(self, name) is None
+        ]
 
     def input_mismatches(self, retrieval_config) -> list[str]:
         """How the timeline a store would build differs from the one the locator trained on
@@ -187,8 +200,11 @@ class LocatorMetadata:
             if trained is None:
                 continue
             if name == "timeline":
-                out += [f"timeline.{k}: trained {trained[k]!r}, now {value.get(k)!r}"
-                        for k in sorted(trained) if k in value and trained[k] != value[k]]
+                out += [
+                    f"timeline.{k}: trained {trained[k]!r}, now {value.get(k)!r}"
+                    for k in sorted(trained)
+                    if k in value and trained[k] != value[k]
+                ]
             elif trained != value:
                 out.append(f"{name}: trained {trained!r}, now {value!r}")
         return out

@@ -42,7 +42,9 @@ PAPER = DBSCANConfig()  # DBSCANConfig defaults are the paper's values in days
 TUNED = replace(PAPER, eps_days=7.0, mu_per_day=0.25, pad_days=0.0)
 
 
-def dbscan_windows(seed_days: np.ndarray, seed_topics: list, config: DBSCANConfig) -> list[tuple[float, float, float, int]]:
+def dbscan_windows(
+    seed_days: np.ndarray, seed_topics: list, config: DBSCANConfig
+) -> list[tuple[float, float, float, int]]:
     """``(start_day, end_day, density, size)`` of every kept cluster, densest first."""
     from sklearn.cluster import DBSCAN
 

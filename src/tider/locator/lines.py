@@ -23,9 +23,9 @@ near-identical twins of the asked-about event are, everything else is not.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Sequence
 
 import numpy as np
 
@@ -73,8 +73,10 @@ def entry_terms(timeline) -> list[set[str]]:
         cached = full._entry_terms = [_member_terms(full, full.members(j)) for j in range(len(full))]
     if full is timeline:
         return cached
-    return [cached[j] if timeline.members(j) == full.members(j) else _member_terms(timeline, timeline.members(j))
-            for j in range(len(timeline))]
+    return [
+        cached[j] if timeline.members(j) == full.members(j) else _member_terms(timeline, timeline.members(j))
+        for j in range(len(timeline))
+    ]
 
 
 def cue_spans(cues: Sequence, pad: timedelta) -> list:
@@ -83,8 +85,9 @@ def cue_spans(cues: Sequence, pad: timedelta) -> list:
     return [c.window.widen(pad) if (c.window.end - c.window.start) <= timedelta(days=1) else c.window for c in cues]
 
 
-def _anchor(question: str, cues: Sequence, terms: list[set[str]], sims: np.ndarray, relevant: Sequence[int],
-            config: LineConfig) -> int | None:
+def _anchor(
+    question: str, cues: Sequence, terms: list[set[str]], sims: np.ndarray, relevant: Sequence[int], config: LineConfig
+) -> int | None:
     """The anchor: the best entry holding the question's rarest term, when few entries
     hold it and the term is not the asked-about event's own word (most relevant entries
     hold it: "budget" in "the budget meeting last month"); an anchor is *another* event
@@ -92,8 +95,12 @@ def _anchor(question: str, cues: Sequence, terms: list[set[str]], sims: np.ndarr
     in "on May 20"), not candidates."""
     cue_words = set().union(*(_terms(c.text) for c in cues)) if cues else set()
     counts = {t: sum(t in s for s in terms) for t in _terms(question) - cue_words}
-    rare = [t for t, n in counts.items() if 0 < n <= max(1, config.anchor_max_share * len(terms))
-            and sum(t in terms[i] for i in relevant) < 0.5 * len(relevant)]
+    rare = [
+        t
+        for t, n in counts.items()
+        if 0 < n <= max(1, config.anchor_max_share * len(terms))
+        and sum(t in terms[i] for i in relevant) < 0.5 * len(relevant)
+    ]
     if not rare:
         return None
     term = min(rare, key=lambda t: (counts[t], t))
@@ -101,7 +108,9 @@ def _anchor(question: str, cues: Sequence, terms: list[set[str]], sims: np.ndarr
     return max(holders, key=lambda i: (sims[i], -i))
 
 
-def select_lines(question: str, timeline, sims: np.ndarray, cues: Sequence, config: LineConfig = LineConfig()) -> Selection:
+def select_lines(
+    question: str, timeline, sims: np.ndarray, cues: Sequence, config: LineConfig = LineConfig()
+) -> Selection:
     """The entries of the visible ``timeline`` to show for ``question``, and their marks."""
     out = Selection()
     spans = [timeline.span(j) for j in range(len(timeline))]
@@ -148,6 +157,11 @@ def entry_scores(timeline, message_sims: np.ndarray) -> tuple[np.ndarray, np.nda
     starts = np.asarray(timeline.starts, dtype=np.int64)
     sims = np.asarray(message_sims, dtype=np.float32)[: timeline.end]
     best_score = np.maximum.reduceat(sims, starts)
-    best_id = np.array([timeline.starts[j] + int(np.argmax(sims[timeline.members(j).start: timeline.members(j).stop]))
-                        for j in range(n)], dtype=np.int64)
+    best_id = np.array(
+        [
+            timeline.starts[j] + int(np.argmax(sims[timeline.members(j).start : timeline.members(j).stop]))
+            for j in range(n)
+        ],
+        dtype=np.int64,
+    )
     return best_score, best_id

@@ -25,7 +25,6 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Optional
 
 import jsonschema
 from dateutil.parser import isoparse
@@ -54,13 +53,14 @@ class Refs:
     marks: tuple[tuple[str, int], ...] = ()
 
     @classmethod
-    def of(cls, obj) -> "Refs":
+    def of(cls, obj) -> Refs:
         """From a ``LocatorInput``, a ``Refs``, a dict or its JSON string (a GRPO column)."""
         if obj is None or isinstance(obj, Refs):
             return obj or cls()
         if isinstance(obj, str):
             obj = json.loads(obj) if obj else {}
         if isinstance(obj, dict):
+
             def windows(rows):
                 return tuple(Window(isoparse(a), isoparse(b)) for a, b in rows)
 
@@ -71,8 +71,8 @@ class Refs:
 
 @dataclass(frozen=True)
 class ParseResult:
-    prediction: Optional[WindowPrediction]
-    failure: Optional[ParseFailure] = None
+    prediction: WindowPrediction | None
+    failure: ParseFailure | None = None
     detail: str = ""
 
     @property
@@ -88,7 +88,7 @@ _SHAPE_SCHEMA["properties"]["windows"].pop("maxItems", None)  # (references are 
 _VALIDATOR = jsonschema.Draft202012Validator(_SHAPE_SCHEMA)
 
 
-def _first_json_object(text: str) -> Optional[object]:
+def _first_json_object(text: str) -> object | None:
     decoder = json.JSONDecoder()
     for match in re.finditer(r"\{", text):
         try:
@@ -111,12 +111,14 @@ def _end_of_unit(ts: datetime, granularity: Granularity) -> datetime:
     return floor_time(ts, granularity) + GRANULARITY_UNIT[granularity] - timedelta(microseconds=1)
 
 
-def _window(raw: dict, refs: Refs, granularity: Granularity) -> tuple[Optional[Window], Optional[ParseResult]]:
+def _window(raw: dict, refs: Refs, granularity: Granularity) -> tuple[Window | None, ParseResult | None]:
     """One raw window -> (window, None) or (None, failure)."""
     if "mark" in raw:
         k = dict(refs.marks).get(raw["mark"])
         if k is None or not 1 <= k <= len(refs.lines):
-            return None, ParseResult(None, ParseFailure.BAD_REFERENCE, f"mark {raw['mark']!r} is on no line of the prompt")
+            return None, ParseResult(
+                None, ParseFailure.BAD_REFERENCE, f"mark {raw['mark']!r} is on no line of the prompt"
+            )
         raw = {"entry": k}
     for name, table in (("entry", refs.lines), ("cue", refs.cues)):
         if name in raw:
@@ -139,7 +141,7 @@ def parse_prediction(
     *,
     granularity: Granularity,
     refs=None,
-    memory_span: Optional[Window] = None,
+    memory_span: Window | None = None,
     max_windows: int = MAX_WINDOWS,
 ) -> ParseResult:
     """Parse a completion. ``refs`` (a ``LocatorInput``, ``Refs`` or its JSON) resolves

@@ -39,8 +39,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -91,7 +91,7 @@ class PromptSettings:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "PromptSettings":
+    def from_json(cls, data: dict) -> PromptSettings:
         data = dict(data)
         return cls(lines=LineConfig(**data.pop("lines", {})), **data)
 
@@ -113,8 +113,10 @@ class LocatorInput:
 
     def refs_json(self, granularity: Granularity) -> str:
         """The table as a compact JSON string (a GRPO dataset column the rewards read)."""
-        table = {"lines": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.lines],
-                 "cues": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.cues]}
+        table = {
+            "lines": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.lines],
+            "cues": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.cues],
+        }
         return json.dumps({**table, "marks": dict(self.marks)} if self.marks else table)
 
 
@@ -146,7 +148,7 @@ def cue_line(j: int, cue, granularity: Granularity) -> str:
     return f'C{j} "{cue.text}" = {_span(cue.window.start, cue.window.end, granularity)}'
 
 
-def entry_line(k: Optional[int], entry, marks: Sequence[str], message, granularity: Granularity) -> str:
+def entry_line(k: int | None, entry, marks: Sequence[str], message, granularity: Granularity) -> str:
     """``<span> [marks] | <speaker>: <best message> | L<k>`` (no tag when ``k`` is None);
     marks: ``C<j>`` inside cue j, ``A`` / ``A-<n>`` / ``A+<n>`` the anchor and its n-th
     relevant neighbour before / after it, ``R`` the latest relevant line."""
@@ -157,7 +159,9 @@ def entry_line(k: Optional[int], entry, marks: Sequence[str], message, granulari
     return f"{_span(entry.start, entry.end, granularity)}{mark} | {message.speaker}: {text}{tag}"
 
 
-def _render(query: Query, cue_lines: list[str], lines: list[str], granularity: Granularity, repeat: bool = False) -> str:
+def _render(
+    query: Query, cue_lines: list[str], lines: list[str], granularity: Granularity, repeat: bool = False
+) -> str:
     cues = "\n".join(cue_lines) if cue_lines else "(none)"
     timeline = "\n".join(lines) if lines else "(no timeline entries)"
     again = f"\nQuestion: {query.text}" if repeat else ""
@@ -173,9 +177,17 @@ def _count_tokens(tokenizer, messages: list[dict]) -> int:
     return sum(len(tokenizer(m["content"])["input_ids"]) for m in messages)
 
 
-def locator_input(query_public: Query, memory, timeline, cues: Sequence, granularity: Granularity,
-                  settings: PromptSettings = PromptSettings(), *, query_vector: Optional[np.ndarray] = None,
-                  tokenizer=None) -> LocatorInput:
+def locator_input(
+    query_public: Query,
+    memory,
+    timeline,
+    cues: Sequence,
+    granularity: Granularity,
+    settings: PromptSettings = PromptSettings(),
+    *,
+    query_vector: np.ndarray | None = None,
+    tokenizer=None,
+) -> LocatorInput:
     """The v2 prompt for one query. ``timeline`` must already be the visible one
     (``Timeline.visible(asked_at)``) and ``cues`` the clipped ones (``rules.query_cues``).
     With a ``tokenizer``, the lowest-priority lines are dropped until the chat fits
@@ -195,19 +207,30 @@ def locator_input(query_public: Query, memory, timeline, cues: Sequence, granula
     elif settings.select == "structured":
         selection = select_lines(query_public.text, timeline, scores, cues, settings.lines)
     else:  # v1: the most similar entries, no marks
-        selection = Selection([int(i) for i in np.lexsort((np.arange(len(scores)), -scores))[: settings.lines.max_lines]])
+        selection = Selection(
+            [int(i) for i in np.lexsort((np.arange(len(scores)), -scores))[: settings.lines.max_lines]]
+        )
     priority, marks = selection.picked, selection.marks
     head = [{"role": "system", "content": system_prompt(granularity, settings.marks)}] if settings.system_prompt else []
     cue_text = [cue_line(j, c, granularity) for j, c in enumerate(cues, start=1)]
 
     def build(n: int) -> LocatorInput:
         shown = sorted(priority[:n])
-        text = [entry_line(k if settings.pointers else None, timeline.span(i), marks.get(i, ()), memory[int(best[i])], granularity)
-                for k, i in enumerate(shown, start=1)]
-        messages = head + [{"role": "user", "content": _render(query_public, cue_text, text, granularity, settings.repeat_question)}]
+        text = [
+            entry_line(
+                k if settings.pointers else None, timeline.span(i), marks.get(i, ()), memory[int(best[i])], granularity
+            )
+            for k, i in enumerate(shown, start=1)
+        ]
+        messages = head + [
+            {"role": "user", "content": _render(query_public, cue_text, text, granularity, settings.repeat_question)}
+        ]
         lines = tuple(timeline.span(i) for i in shown) if settings.pointers else ()
-        refs = tuple((m, k) for k, i in enumerate(shown, start=1) for m in marks.get(i, ())
-                     if POINTER_MARK.fullmatch(m)) if settings.pointers and settings.marks else ()
+        refs = (
+            tuple((m, k) for k, i in enumerate(shown, start=1) for m in marks.get(i, ()) if POINTER_MARK.fullmatch(m))
+            if settings.pointers and settings.marks
+            else ()
+        )
         parts = (question_block(query_public, granularity), *cue_text, *text)
         return LocatorInput(messages, lines, tuple(c.window for c in cues) if settings.pointers else (), refs, parts)
 
@@ -216,8 +239,10 @@ def locator_input(query_public: Query, memory, timeline, cues: Sequence, granula
         while n > 0 and _count_tokens(tokenizer, build(n).messages) > settings.max_prompt_tokens:
             n -= 1
         if n == 0 and _count_tokens(tokenizer, build(0).messages) > settings.max_prompt_tokens:
-            raise ValueError(f"query {query_public.key!r}: the locator prompt needs more than "
-                             f"max_prompt_tokens={settings.max_prompt_tokens} tokens even without timeline lines")
+            raise ValueError(
+                f"query {query_public.key!r}: the locator prompt needs more than "
+                f"max_prompt_tokens={settings.max_prompt_tokens} tokens even without timeline lines"
+            )
     return build(n)
 
 

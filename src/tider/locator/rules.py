@@ -40,10 +40,10 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Optional, Sequence
 
 from tider.locator.sources import BaseSource, register_source
 from tider.types import NON_TEMPORAL, Memory, Query, Window, WindowPrediction
@@ -71,7 +71,7 @@ class TimeCue:
     text: str
     window: Window
 
-    def clip(self, lo: datetime, hi: datetime) -> Optional["TimeCue"]:
+    def clip(self, lo: datetime, hi: datetime) -> TimeCue | None:
         """This cue restricted to ``[lo, hi]``; None when it lies wholly outside."""
         start, end = max(self.window.start, lo), min(self.window.end, hi)
         return TimeCue(self.text, Window(start, end)) if start <= end else None
@@ -85,7 +85,7 @@ def _end_of_day(ts: datetime) -> datetime:
     return _day(ts) + DAY - timedelta(microseconds=1)
 
 
-def _parse_stamp(value) -> Optional[datetime]:
+def _parse_stamp(value) -> datetime | None:
     if not value or not isinstance(value, str) or value == "not resolved":
         return None
     try:
@@ -94,7 +94,7 @@ def _parse_stamp(value) -> Optional[datetime]:
         return None
 
 
-def _candidate(value: dict, kind: str, floor: datetime, asked_at: datetime) -> Optional[Window]:
+def _candidate(value: dict, kind: str, floor: datetime, asked_at: datetime) -> Window | None:
     """One resolution value -> a closed day window (open ends closed by floor/asked_at)."""
     timex = str(value.get("timex", ""))
     if "REF" in timex:  # PAST_REF / PRESENT_REF / FUTURE_REF: "recently", "now" - vague
@@ -124,9 +124,14 @@ class _Found:
     values: tuple
 
     @classmethod
-    def of(cls, result) -> "_Found":
-        return cls(" ".join(str(result.text).split()), int(result.start), int(result.end),
-                   str(result.type_name).rsplit(".", 1)[-1], tuple((result.resolution or {}).get("values", [])))
+    def of(cls, result) -> _Found:
+        return cls(
+            " ".join(str(result.text).split()),
+            int(result.start),
+            int(result.end),
+            str(result.type_name).rsplit(".", 1)[-1],
+            tuple((result.resolution or {}).get("values", [])),
+        )
 
 
 def _readings(found: _Found, floor: datetime, asked_at: datetime) -> list[Window]:
@@ -142,10 +147,10 @@ def _readings(found: _Found, floor: datetime, asked_at: datetime) -> list[Window
 def _event_anchored(found: _Found, question: str) -> bool:
     """A bare period followed by "of / before / after ..." that the library did not read
     ("the week of the merger"): it names a period next to an event, not the current one."""
-    return bool(_BARE_PERIOD.match(found.text)) and bool(_ANCHORED_AFTER.match(question[found.end + 1:]))
+    return bool(_BARE_PERIOD.match(found.text)) and bool(_ANCHORED_AFTER.match(question[found.end + 1 :]))
 
 
-def _offset_span(mod: str, edge: datetime, period: Optional[str], days: int) -> Window:
+def _offset_span(mod: str, edge: datetime, period: str | None, days: int) -> Window:
     """The span a period or a count of days names next to an anchor. ``edge`` is the first
     day after the span ("before") or the first day it may start ("after")."""
     from dateutil.relativedelta import relativedelta
@@ -158,7 +163,9 @@ def _offset_span(mod: str, edge: datetime, period: Optional[str], days: int) -> 
         saturday = edge + timedelta(days=(5 - edge.weekday()) % 7)
         return Window(saturday, _end_of_day(saturday + DAY))
     if period is not None:
-        length = relativedelta(days=_PERIOD_DAYS[period]) if period in _PERIOD_DAYS else relativedelta(**{period + "s": 1})
+        length = (
+            relativedelta(days=_PERIOD_DAYS[period]) if period in _PERIOD_DAYS else relativedelta(**{period + "s": 1})
+        )
         if mod == "before":
             return Window(edge - length, _end_of_day(edge - DAY))
         return Window(edge, _end_of_day(edge + length - DAY))
@@ -166,11 +173,11 @@ def _offset_span(mod: str, edge: datetime, period: Optional[str], days: int) -> 
     return Window(day, _end_of_day(day))
 
 
-def _compose(here: _Found, anchor: Optional[_Found], question: str) -> list[Window]:
+def _compose(here: _Found, anchor: _Found | None, question: str) -> list[Window]:
     """``here`` + ``anchor`` as one span when ``here`` is a bare period or a count of days
     standing right before a "before X" / "after X" result ("the week before August 3"):
     one window per reading of the anchor, none when they do not compose."""
-    if anchor is None or question[here.end + 1: anchor.start].strip():
+    if anchor is None or question[here.end + 1 : anchor.start].strip():
         return []
     bare = _BARE_PERIOD.match(here.text)
     days = 0
@@ -197,7 +204,7 @@ class CueResolver:
     evaluation run, and an appended line per question survives a killed run (a torn last
     line is skipped on load)."""
 
-    def __init__(self, culture: str = "en-us", cache_path: Optional[str | Path] = None):
+    def __init__(self, culture: str = "en-us", cache_path: str | Path | None = None):
         self.culture = culture
         self._model = None
         self._memo: dict[tuple, tuple[TimeCue, ...]] = {}
@@ -212,8 +219,9 @@ class CueResolver:
                 if row.get("v") != RESOLVER_VERSION:
                     continue
                 key = (row["text"], datetime.fromisoformat(row["asked_at"]), datetime.fromisoformat(row["floor"]))
-                self._memo[key] = tuple(TimeCue(c, Window(datetime.fromisoformat(a), datetime.fromisoformat(b)))
-                                        for c, a, b in row["cues"])
+                self._memo[key] = tuple(
+                    TimeCue(c, Window(datetime.fromisoformat(a), datetime.fromisoformat(b))) for c, a, b in row["cues"]
+                )
             except (ValueError, KeyError, TypeError):
                 continue
 
@@ -221,8 +229,13 @@ class CueResolver:
         if self.cache_path is None:
             return
         self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        row = {"v": RESOLVER_VERSION, "text": key[0], "asked_at": key[1].isoformat(), "floor": key[2].isoformat(),
-               "cues": [[c.text, c.window.start.isoformat(), c.window.end.isoformat()] for c in cues]}
+        row = {
+            "v": RESOLVER_VERSION,
+            "text": key[0],
+            "asked_at": key[1].isoformat(),
+            "floor": key[2].isoformat(),
+            "cues": [[c.text, c.window.start.isoformat(), c.window.end.isoformat()] for c in cues],
+        }
         with open(self.cache_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -233,7 +246,7 @@ class CueResolver:
             self._model = DateTimeRecognizer(self.culture).get_datetime_model(self.culture)
         return self._model.parse(text, reference)
 
-    def resolve(self, text: str, asked_at: datetime, floor: Optional[datetime] = None) -> tuple[TimeCue, ...]:
+    def resolve(self, text: str, asked_at: datetime, floor: datetime | None = None) -> tuple[TimeCue, ...]:
         """Cues in the order they occur in ``text``; ``floor`` closes ranges without a
         start ("before May 3"), default four years before ``asked_at``."""
         key = (text, asked_at, floor or asked_at - timedelta(days=4 * 365))
@@ -265,7 +278,7 @@ class CueResolver:
         return cues
 
 
-def visible_span(memory: Memory, asked_at: datetime) -> Optional[Window]:
+def visible_span(memory: Memory, asked_at: datetime) -> Window | None:
     """``[first message, asked_at]`` as whole days; None when nothing was said by then."""
     if not len(memory) or memory.timestamps[0] > asked_at:
         return None
@@ -282,7 +295,7 @@ def query_cues(resolver: CueResolver, query: Query, memory: Memory) -> tuple[Tim
     return tuple(c for c in clipped if c is not None)
 
 
-_SHARED: Optional[CueResolver] = None
+_SHARED: CueResolver | None = None
 
 
 def default_cache_path() -> Path:
@@ -309,7 +322,7 @@ class RulesWindows(BaseSource):
 
     name = "rules"
 
-    def __init__(self, pad_days: float = 1.0, resolver: Optional[CueResolver] = None):
+    def __init__(self, pad_days: float = 1.0, resolver: CueResolver | None = None):
         self.pad = timedelta(days=pad_days)
         self.resolver = resolver or shared_resolver()
 

@@ -24,7 +24,8 @@ windows), ``timeline`` (top-m timeline entries by similarity become the windows)
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 from tider.registry import Registry
 from tider.types import NON_TEMPORAL, Gold, Memory, Query, WindowPrediction
@@ -46,7 +47,9 @@ class BaseSource:
     def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
         raise NotImplementedError
 
-    def predict_batch(self, queries: Sequence[Query], memories: Sequence[Memory], timelines: Sequence) -> list[WindowPrediction]:
+    def predict_batch(
+        self, queries: Sequence[Query], memories: Sequence[Memory], timelines: Sequence
+    ) -> list[WindowPrediction]:
         return [self.predict(q, m, t) for q, m, t in zip(queries, memories, timelines)]
 
 
@@ -89,8 +92,10 @@ def make_source_from_context(name: str, context: Mapping[str, object], **kwargs)
 def ensure_not_evaluation_only(source: object) -> None:
     """Raise if ``source`` must never feed training data or prompts (e.g. the oracle)."""
     if getattr(source, "evaluation_only", False):
-        raise ValueError(f"window source {getattr(source, 'name', source)!r} is evaluation-only (it reads gold labels); "
-                         "it cannot be used to build training examples or prompts")
+        raise ValueError(
+            f"window source {getattr(source, 'name', source)!r} is evaluation-only (it reads gold labels); "
+            "it cannot be used to build training examples or prompts"
+        )
 
 
 @register_source("none")

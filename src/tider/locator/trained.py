@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
 
 from tider.locator.chat_source import LOCATOR_MAX_TOKENS, ChatWindowSource, endpoint_client
 from tider.locator.contract import (
@@ -51,7 +50,7 @@ logger = logging.getLogger(__name__)
 ALLOW_HINT = "allow_unknown_settings=True (--locator-allow-unknown-settings) runs with the defaults anyway"
 
 
-def _read_given(metadata: str) -> tuple[LocatorMetadata, Optional[str]]:
+def _read_given(metadata: str) -> tuple[LocatorMetadata, str | None]:
     """``metadata``: an export folder (its tokenizer is used too) or a ``tider_locator.json``."""
     path = Path(metadata)
     meta = LocatorMetadata.read(path).validate(str(path))
@@ -62,8 +61,9 @@ def _read_given(metadata: str) -> tuple[LocatorMetadata, Optional[str]]:
 def _require_known(meta: LocatorMetadata, where: str, allow_unknown_settings: bool) -> None:
     unknown = meta.unknown_prompt_settings()
     if unknown and not allow_unknown_settings:
-        raise LocatorContractError(f"{where}: records no {', '.join(unknown)}, so the training prompt cannot be "
-                                   f"rebuilt; {ALLOW_HINT}")
+        raise LocatorContractError(
+            f"{where}: records no {', '.join(unknown)}, so the training prompt cannot be rebuilt; {ALLOW_HINT}"
+        )
     if unknown:
         logger.warning("%s: %s unknown; using the prompt defaults", where, ", ".join(unknown))
 
@@ -75,41 +75,70 @@ def _template_kwargs(meta: LocatorMetadata) -> dict:
 def _source(client, meta: LocatorMetadata, tokenizer, settings, max_tokens) -> ChatWindowSource:
     if settings is None and meta.prompt_settings is not None:
         settings = PromptSettings.from_json(meta.prompt_settings)
-    source = ChatWindowSource(client, name="locator", tokenizer=tokenizer, settings=settings,
-                              granularity=meta.granularity, max_tokens=max_tokens or LOCATOR_MAX_TOKENS)
+    source = ChatWindowSource(
+        client,
+        name="locator",
+        tokenizer=tokenizer,
+        settings=settings,
+        granularity=meta.granularity,
+        max_tokens=max_tokens or LOCATOR_MAX_TOKENS,
+    )
     source.metadata = meta
     return source
 
 
-def make_local_locator(model: str, *, metadata: Optional[str] = None, allow_unknown_settings: bool = False,
-                       settings: Optional[PromptSettings] = None, device: str = "cpu",
-                       dtype: str = "auto", batch_size: int = 16, max_tokens: Optional[int] = None,
-                       cache_path: Optional[str] = None) -> ChatWindowSource:
+def make_local_locator(
+    model: str,
+    *,
+    metadata: str | None = None,
+    allow_unknown_settings: bool = False,
+    settings: PromptSettings | None = None,
+    device: str = "cpu",
+    dtype: str = "auto",
+    batch_size: int = 16,
+    max_tokens: int | None = None,
+    cache_path: str | None = None,
+) -> ChatWindowSource:
     """A locator source generating with transformers on a local checkpoint."""
     from tider.llm.backends import LocalHFBackend
     from tider.llm.cache import LLMCache
     from tider.llm.client import LLMClient
 
     if not (Path(model) / "config.json").exists():
-        raise ValueError(f"locator checkpoint {model!r}: no config.json there (pass a training output or export folder)")
+        raise ValueError(
+            f"locator checkpoint {model!r}: no config.json there (pass a training output or export folder)"
+        )
     meta = _read_given(metadata)[0] if metadata else LocatorMetadata.find(model)
     if meta is None:
         if not allow_unknown_settings:
-            raise LocatorContractError(f"{model}: no tider_locator.json here or in the parent folder, so the prompt "
-                                       f"settings the model was trained with are unknown; {ALLOW_HINT}")
+            raise LocatorContractError(
+                f"{model}: no tider_locator.json here or in the parent folder, so the prompt "
+                f"settings the model was trained with are unknown; {ALLOW_HINT}"
+            )
         meta = LocatorMetadata()
     meta.validate(model)
     _require_known(meta, model, allow_unknown_settings)
-    backend = LocalHFBackend(model, device=device, dtype=dtype, batch_size=batch_size,
-                             chat_template_kwargs=_template_kwargs(meta))
+    backend = LocalHFBackend(
+        model, device=device, dtype=dtype, batch_size=batch_size, chat_template_kwargs=_template_kwargs(meta)
+    )
     # No retries: greedy decoding would write the same malformed JSON again.
-    client = LLMClient(backend, cache=LLMCache(cache_path) if cache_path else None, max_retries=0,
-                       default_max_tokens=max_tokens or LOCATOR_MAX_TOKENS)
+    client = LLMClient(
+        backend,
+        cache=LLMCache(cache_path) if cache_path else None,
+        max_retries=0,
+        default_max_tokens=max_tokens or LOCATOR_MAX_TOKENS,
+    )
     return _source(client, meta, backend.tokenizer, settings, max_tokens)
 
 
-def served_locator_settings(url: str, *, model: Optional[str] = None, api_key: Optional[str] = None,
-                            metadata: Optional[str] = None, allow_unknown_settings: bool = False):
+def served_locator_settings(
+    url: str,
+    *,
+    model: str | None = None,
+    api_key: str | None = None,
+    metadata: str | None = None,
+    allow_unknown_settings: bool = False,
+):
     """(served model name, its ``LocatorMetadata``, a tokenizer for the token budget or None);
     see the module docstring for where the settings come from."""
     from tider.llm.backends import ServedTokenizer, served_models
@@ -131,7 +160,8 @@ def served_locator_settings(url: str, *, model: Optional[str] = None, api_key: O
         raise LocatorContractError(
             f"served model {name!r} at {url}: its folder {root!r} is not visible here, so the prompt settings it was "
             f"trained with are unknown. Pass metadata=PATH (--locator-meta): the export folder or its "
-            f"tider_locator.json copied from the serving machine; {ALLOW_HINT}")
+            f"tider_locator.json copied from the serving machine; {ALLOW_HINT}"
+        )
     _require_known(meta, f"served model {name!r}", allow_unknown_settings)
     if tokenizer_dir is not None:
         from transformers import AutoTokenizer
@@ -140,28 +170,48 @@ def served_locator_settings(url: str, *, model: Optional[str] = None, api_key: O
     tokenizer = ServedTokenizer(url, name, api_key=api_key)
     if not tokenizer.available():
         if not allow_unknown_settings:
-            raise LocatorContractError(f"server {url}: no /tokenize endpoint (not vLLM?) and no local tokenizer, so the "
-                                       f"prompt cannot be cut to max_prompt_tokens as in training; pass the export "
-                                       f"folder as metadata (--locator-meta); {ALLOW_HINT}")
+            raise LocatorContractError(
+                f"server {url}: no /tokenize endpoint (not vLLM?) and no local tokenizer, so the "
+                f"prompt cannot be cut to max_prompt_tokens as in training; pass the export "
+                f"folder as metadata (--locator-meta); {ALLOW_HINT}"
+            )
         tokenizer = None
     return name, meta, tokenizer
 
 
-def make_served_locator(url: str, *, model: Optional[str] = None, api_key: Optional[str] = None,
-                        metadata: Optional[str] = None, allow_unknown_settings: bool = False,
-                        structured: str = "response_format", cache_path: Optional[str] = None,
-                        settings: Optional[PromptSettings] = None, max_tokens: Optional[int] = None, concurrency: int = 4) -> ChatWindowSource:
+def make_served_locator(
+    url: str,
+    *,
+    model: str | None = None,
+    api_key: str | None = None,
+    metadata: str | None = None,
+    allow_unknown_settings: bool = False,
+    structured: str = "response_format",
+    cache_path: str | None = None,
+    settings: PromptSettings | None = None,
+    max_tokens: int | None = None,
+    concurrency: int = 4,
+) -> ChatWindowSource:
     """The trained locator behind an OpenAI-compatible endpoint, as a window source."""
-    name, meta, tokenizer = served_locator_settings(url, model=model, api_key=api_key, metadata=metadata,
-                                                    allow_unknown_settings=allow_unknown_settings)
-    client = endpoint_client(url, model=name, api_key=api_key, structured=structured, cache_path=cache_path,
-                             concurrency=concurrency, chat_template_kwargs=_template_kwargs(meta))
+    name, meta, tokenizer = served_locator_settings(
+        url, model=model, api_key=api_key, metadata=metadata, allow_unknown_settings=allow_unknown_settings
+    )
+    client = endpoint_client(
+        url,
+        model=name,
+        api_key=api_key,
+        structured=structured,
+        cache_path=cache_path,
+        concurrency=concurrency,
+        chat_template_kwargs=_template_kwargs(meta),
+    )
     return _source(client, meta, tokenizer, settings, max_tokens)
 
 
 @register_source("locator")
-def make_locator(model: Optional[str] = None, url: Optional[str] = None, store=None,
-                 allow_unknown_settings: bool = False, **kwargs) -> ChatWindowSource:
+def make_locator(
+    model: str | None = None, url: str | None = None, store=None, allow_unknown_settings: bool = False, **kwargs
+) -> ChatWindowSource:
     """``model=PATH``: local generation; ``url=URL`` (``model`` then names the served model):
     an OpenAI-compatible endpoint. ``store``: check the timeline it builds against training's."""
     if url:
@@ -172,9 +222,11 @@ def make_locator(model: Optional[str] = None, url: Optional[str] = None, store=N
         raise ValueError("locator source: pass model=PATH (local checkpoint) or url=URL (OpenAI-compatible server)")
     mismatches = source.metadata.input_mismatches(store.config) if store is not None else []
     if mismatches and not allow_unknown_settings:
-        raise LocatorContractError("the locator was trained on timelines built differently from this store's: "
-                                   f"{'; '.join(mismatches)}. Evaluate with the training's retrieval settings "
-                                   f"(--config), or {ALLOW_HINT}")
+        raise LocatorContractError(
+            "the locator was trained on timelines built differently from this store's: "
+            f"{'; '.join(mismatches)}. Evaluate with the training's retrieval settings "
+            f"(--config), or {ALLOW_HINT}"
+        )
     if mismatches:
         logger.warning("locator timeline differs from training: %s", "; ".join(mismatches))
     return source

@@ -8,4 +8,4 @@ from tider.memory.files import StoreError
 from tider.memory.records import MemoryInputError
 from tider.memory.temporal_memory import SearchHits, TemporalMemory
 
-__all__ = ["TemporalMemory", "SearchHits", "MemoryCollection", "MemoryInputError", "StoreError"]
+__all__ = ["MemoryCollection", "MemoryInputError", "SearchHits", "StoreError", "TemporalMemory"]

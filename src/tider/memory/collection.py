@@ -10,7 +10,7 @@ there and gold evidence ids line up); one embedder (and its on-disk cache) serve
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -39,12 +39,14 @@ class MemoryCollection:
             source = self.memories[memory_key]
             if not len(source):
                 raise ValueError(f"memory {memory_key!r} has no messages: nothing to index or retrieve")
-            mem = TemporalMemory(None, config=self.config, embedder=self.embedder, name=memory_key,
-                                 granularity=source.granularity)
+            mem = TemporalMemory(
+                None, config=self.config, embedder=self.embedder, name=memory_key, granularity=source.granularity
+            )
             mem.add(source.messages)
             if len(mem) != len(source):
-                raise ValueError(f"memory {memory_key!r}: message keys repeat ({len(source)} messages, "
-                                 f"{len(mem)} distinct keys)")
+                raise ValueError(
+                    f"memory {memory_key!r}: message keys repeat ({len(source)} messages, {len(mem)} distinct keys)"
+                )
             self._built[memory_key] = mem
         return self._built[memory_key]
 
@@ -64,12 +66,17 @@ class MemoryCollection:
         if texts:
             self.embedder.encode(texts)
 
-    def retrieve(self, query: Query, prediction: WindowPrediction, k: int | None = None,
-                 mode: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def retrieve(
+        self, query: Query, prediction: WindowPrediction, k: int | None = None, mode: str | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Dual-channel ``(positions, scores)``, best first, for an already-made prediction."""
         mem = self.get(query.memory_key)
-        ids, scores, _ = mem.rank(mem.query(query.text, query.asked_at, query.user), prediction,
-                                  self.config.k if k is None else k, semantic=mode)
+        ids, scores, _ = mem.rank(
+            mem.query(query.text, query.asked_at, query.user),
+            prediction,
+            self.config.k if k is None else k,
+            semantic=mode,
+        )
         return ids, scores
 
     def similarity(self, query: Query, mode: str | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,6 @@ the function ``tider eval qa`` uses). Returns the reader-ready text and what it 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -36,8 +35,18 @@ class MemoryContext:
     selection_errors: int = 0
 
 
-def build_context(mem, text: str, asked_at, user: Optional[str], k: Optional[int], windows, llm, budget: int,
-                  top_n: int, classifier: Optional[str]) -> MemoryContext:
+def build_context(
+    mem,
+    text: str,
+    asked_at,
+    user: str | None,
+    k: int | None,
+    windows,
+    llm,
+    budget: int,
+    top_n: int,
+    classifier: str | None,
+) -> MemoryContext:
     from tider.forest.compress import IDF, whitespace_tokens
     from tider.forest.linearize import fit_forest
     from tider.forest.select import select_evidence
@@ -60,5 +69,12 @@ def build_context(mem, text: str, asked_at, user: Optional[str], k: Optional[int
     forest, _ = build_forest(text, user, [memory[i] for i in ids], relations, g)
     fitted = fit_forest(forest, text, IDF(m.text for m in memory), budget, whitespace_tokens, g)
     positions = [r.message_id for r in fitted.rows]
-    return MemoryContext(fitted.text, [memory[i].key for i in positions], positions, prediction,
-                         whitespace_tokens(fitted.text), fitted.compression.over_budget, errors)
+    return MemoryContext(
+        fitted.text,
+        [memory[i].key for i in positions],
+        positions,
+        prediction,
+        whitespace_tokens(fitted.text),
+        fitted.compression.over_budget,
+        errors,
+    )

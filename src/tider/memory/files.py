@@ -24,8 +24,8 @@ import fcntl
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -88,8 +88,9 @@ class StoreFiles:
         except json.JSONDecodeError as err:
             raise StoreError(f"{path}: not valid JSON ({err})") from None
         if manifest.get("format_version") != FORMAT_VERSION:
-            raise StoreError(f"{path}: format version {manifest.get('format_version')!r}, this tider reads "
-                             f"{FORMAT_VERSION}")
+            raise StoreError(
+                f"{path}: format version {manifest.get('format_version')!r}, this tider reads {FORMAT_VERSION}"
+            )
         return manifest
 
     def commit(self, manifest: dict) -> None:
@@ -101,17 +102,20 @@ class StoreFiles:
 
         def write_lines(tmp: Path) -> None:
             with open(tmp, "w", encoding="utf-8") as f:
-                for line in lines:
-                    f.write(json.dumps(line, ensure_ascii=False) + "\n")
+                f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
 
-        atomic_write(self.segments / f"{name}.safetensors",
-                     lambda tmp: save_file({"vectors": np.ascontiguousarray(vectors, dtype=np.float32)}, str(tmp)))
+        atomic_write(
+            self.segments / f"{name}.safetensors",
+            lambda tmp: save_file({"vectors": np.ascontiguousarray(vectors, dtype=np.float32)}, str(tmp)),
+        )
         atomic_write(self.segments / f"{name}.jsonl", write_lines)
 
     def read_segment(self, name: str) -> tuple[list[dict], np.ndarray]:
         from safetensors.numpy import load_file
 
-        lines = [json.loads(line) for line in (self.segments / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
+        lines = [
+            json.loads(line) for line in (self.segments / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
+        ]
         vectors = load_file(str(self.segments / f"{name}.safetensors"))["vectors"]
         if len(lines) != len(vectors):
             raise StoreError(f"{self.segments / name}: {len(lines)} messages but {len(vectors)} vectors")

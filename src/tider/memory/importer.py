@@ -20,8 +20,14 @@ def store_name(memory_key: str) -> str:
     return name[:64]
 
 
-def import_dataset(dataset: Dataset, out: str | Path, config: RetrievalConfig | None = None, embedder=None,
-                   limit: int | None = None, progress: bool = True) -> dict[str, int]:
+def import_dataset(
+    dataset: Dataset,
+    out: str | Path,
+    config: RetrievalConfig | None = None,
+    embedder=None,
+    limit: int | None = None,
+    progress: bool = True,
+) -> dict[str, int]:
     """``{store name: messages}`` for every memory imported into ``out/<name>``."""
     from tqdm.auto import tqdm
 
@@ -36,8 +42,9 @@ def import_dataset(dataset: Dataset, out: str | Path, config: RetrievalConfig | 
         raise ValueError(f"dataset {dataset.name!r}: memory keys collide as store names")
     counts = {}
     for key, name in tqdm(list(zip(keys, names)), desc="import", disable=not progress):
-        with TemporalMemory(Path(out) / name, config=config, embedder=embedder, name=name,
-                            granularity=dataset.granularity) as mem:
+        with TemporalMemory(
+            Path(out) / name, config=config, embedder=embedder, name=name, granularity=dataset.granularity
+        ) as mem:
             mem.add(dataset.memories[key].messages)
             mem.timeline  # built once here, saved with the store
             counts[name] = len(mem)

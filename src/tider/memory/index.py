@@ -45,8 +45,14 @@ class Candidates:
     cut: int  # positions [0, cut) are the past the query may see
 
 
-def fuse(dense_pos: np.ndarray | None, dense_scores: np.ndarray | None, bm25_scores: np.ndarray | None,
-         mode: str, config: RetrievalConfig, cut: int) -> Candidates:
+def fuse(
+    dense_pos: np.ndarray | None,
+    dense_scores: np.ndarray | None,
+    bm25_scores: np.ndarray | None,
+    mode: str,
+    config: RetrievalConfig,
+    cut: int,
+) -> Candidates:
     """Candidate ``sim`` from a dense top list (positions + cosines) and the BM25 scores of
     the past (``bm25_scores[:cut]``), as the exact path would score them."""
     empty = np.zeros(0, dtype=np.int64)
@@ -60,7 +66,10 @@ def fuse(dense_pos: np.ndarray | None, dense_scores: np.ndarray | None, bm25_sco
     if lexical:
         bm25_ids = channels.ranked_ids(bm25_scores, config.rrf_depth)
     if mode == "dense":
-        ids, sim = dense_ids, np.maximum(dense_scores, 0.0).astype(np.float32) if len(dense_ids) else np.zeros(0, np.float32)
+        ids, sim = (
+            dense_ids,
+            np.maximum(dense_scores, 0.0).astype(np.float32) if len(dense_ids) else np.zeros(0, np.float32),
+        )
     elif mode == "bm25":
         ids = bm25_ids
         sim = (bm25_scores[ids] / float(bm25_scores.max())).astype(np.float32) if lexical else np.zeros(0, np.float32)
@@ -96,8 +105,9 @@ def semantic_top_k(c: Candidates, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([c.ids, pad]), np.concatenate([c.sim, np.zeros(len(pad), np.float32)])
 
 
-def indexed_rank(c: Candidates, ts_days: np.ndarray, prediction: WindowPrediction, config: RetrievalConfig,
-                 k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def indexed_rank(
+    c: Candidates, ts_days: np.ndarray, prediction: WindowPrediction, config: RetrievalConfig, k: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The dual-channel ``(positions, scores)`` over the candidates (see module docstring)."""
     k = config.k if k is None else k
     semantic, semantic_sim = semantic_top_k(c, k)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from dateutil.parser import isoparse
 
@@ -87,8 +88,16 @@ def to_message(record: Message | Mapping, where: str) -> Message:
     if key is not None and not key:
         raise MemoryInputError(f"{where}.key", "empty")
     extra = {name: _text(record, name, where) for name in OPTIONAL_TEXT}
-    return Message(id=-1, key=key or content_key(text, timestamp, speaker, session), text=text, timestamp=timestamp,
-                   speaker=speaker, session=session, stage=stage, **extra)
+    return Message(
+        id=-1,
+        key=key or content_key(text, timestamp, speaker, session),
+        text=text,
+        timestamp=timestamp,
+        speaker=speaker,
+        session=session,
+        stage=stage,
+        **extra,
+    )
 
 
 def to_messages(records: Iterable[Message | Mapping]) -> list[Message]:
@@ -99,13 +108,25 @@ def to_messages(records: Iterable[Message | Mapping]) -> list[Message]:
 
 def message_to_json(m: Message) -> dict:
     """The stored form of a message (the log line), without the time-order ``id``."""
-    out = {"key": m.key, "text": m.text, "timestamp": m.timestamp.isoformat(), "speaker": m.speaker,
-           "session": m.session}
+    out = {
+        "key": m.key,
+        "text": m.text,
+        "timestamp": m.timestamp.isoformat(),
+        "speaker": m.speaker,
+        "session": m.session,
+    }
     out.update({f: getattr(m, f) for f in (*OPTIONAL_TEXT, "stage") if getattr(m, f) is not None})
     return out
 
 
 def message_from_json(data: dict, row: int) -> Message:
-    return Message(id=row, key=data["key"], text=data["text"], timestamp=datetime.fromisoformat(data["timestamp"]),
-                   speaker=data["speaker"], session=data["session"], stage=data.get("stage"),
-                   **{f: data.get(f) for f in OPTIONAL_TEXT})
+    return Message(
+        id=row,
+        key=data["key"],
+        text=data["text"],
+        timestamp=datetime.fromisoformat(data["timestamp"]),
+        speaker=data["speaker"],
+        session=data["session"],
+        stage=data.get("stage"),
+        **{f: data.get(f) for f in OPTIONAL_TEXT},
+    )

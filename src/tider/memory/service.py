@@ -26,9 +26,9 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Optional
 
-from fastapi import Depends, FastAPI, HTTPException, Path as PathParam, Request
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,14 +46,14 @@ class MessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(max_length=100_000)
     timestamp: str = Field(min_length=1, max_length=64, description="ISO 8601; timezone-aware times become UTC")
-    speaker: Optional[str] = Field(None, max_length=256)
-    session: Optional[str] = Field(None, max_length=256)
-    key: Optional[str] = Field(None, min_length=1, max_length=256, description="generated from the content if absent")
-    channel: Optional[str] = Field(None, max_length=256)
-    topic: Optional[str] = Field(None, max_length=256)
-    phase: Optional[str] = Field(None, max_length=256)
-    role: Optional[str] = Field(None, max_length=256)
-    stage: Optional[int] = Field(None, ge=-2**31, le=2**31 - 1)
+    speaker: str | None = Field(None, max_length=256)
+    session: str | None = Field(None, max_length=256)
+    key: str | None = Field(None, min_length=1, max_length=256, description="generated from the content if absent")
+    channel: str | None = Field(None, max_length=256)
+    topic: str | None = Field(None, max_length=256)
+    phase: str | None = Field(None, max_length=256)
+    role: str | None = Field(None, max_length=256)
+    stage: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
 
 
 class AddRequest(BaseModel):
@@ -68,10 +68,12 @@ class AddResponse(BaseModel):
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(max_length=10_000)
-    asked_at: Optional[str] = Field(None, max_length=64, description="ISO 8601; nothing after it is returned")
-    user: Optional[str] = Field(None, max_length=256)
+    asked_at: str | None = Field(None, max_length=64, description="ISO 8601; nothing after it is returned")
+    user: str | None = Field(None, max_length=256)
     k: int = Field(20, ge=1, le=1000)
-    windows: str = Field("none", max_length=64, description="a window source: none, rules, dbscan-tuned, timeline, locator")
+    windows: str = Field(
+        "none", max_length=64, description="a window source: none, rules, dbscan-tuned, timeline, locator"
+    )
 
 
 class Hit(BaseModel):
@@ -123,12 +125,21 @@ class BodyLimit:
 
 
 def _input_error(err: MemoryInputError) -> HTTPException:
-    return HTTPException(422, [{"loc": ["body", *re.split(r"[.\[\]]+", err.field.strip("]"))], "msg": err.problem,
-                                "type": "value_error"}])
+    return HTTPException(
+        422,
+        [{"loc": ["body", *re.split(r"[.\[\]]+", err.field.strip("]"))], "msg": err.problem, "type": "value_error"}],
+    )
 
 
-def create_app(root: str | os.PathLike, *, config=None, embedder=None, locator: dict | None = None,
-               api_key: Optional[str] = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+def create_app(
+    root: str | os.PathLike,
+    *,
+    config=None,
+    embedder=None,
+    locator: dict | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
     """The service over the stores under ``root``; ``api_key`` defaults to ``$TIDER_API_KEY``."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -137,7 +148,7 @@ def create_app(root: str | os.PathLike, *, config=None, embedder=None, locator: 
     opening = threading.Lock()
     bearer = HTTPBearer(auto_error=False)
 
-    def authorized(creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
+    def authorized(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         if key is not None and (creds is None or not hmac.compare_digest(creds.credentials.encode(), key.encode())):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
@@ -146,8 +157,9 @@ def create_app(root: str | os.PathLike, *, config=None, embedder=None, locator: 
             if name not in memories:
                 if not create and not (root / name / "tider_memory.json").exists():
                     raise HTTPException(404, f"no memory {name!r}")
-                memories[name] = TemporalMemory(root / name, config=config, embedder=embedder, name=name,
-                                                locator=locator)
+                memories[name] = TemporalMemory(
+                    root / name, config=config, embedder=embedder, name=name, locator=locator
+                )
             return memories[name]
 
     @contextlib.asynccontextmanager
@@ -156,20 +168,30 @@ def create_app(root: str | os.PathLike, *, config=None, embedder=None, locator: 
         for mem in memories.values():  # persist the derived indexes, release the store locks
             mem.close()
 
-    app = FastAPI(title="tider memory", version="1", description=__doc__.split("\n\n")[0], lifespan=lifespan,
-                  dependencies=[Depends(authorized)])
+    app = FastAPI(
+        title="tider memory",
+        version="1",
+        description=__doc__.split("\n\n")[0],
+        lifespan=lifespan,
+        dependencies=[Depends(authorized)],
+    )
     app.state.memories = memories
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     name_param = PathParam(pattern=NAME, description="memory name (letters, digits, . _ -)")
 
     @app.get("/health")
     def health() -> dict:
-        return {"status": "ok", "memories": sorted(p.name for p in root.iterdir() if (p / "tider_memory.json").exists())}
+        return {
+            "status": "ok",
+            "memories": sorted(p.name for p in root.iterdir() if (p / "tider_memory.json").exists()),
+        }
 
     @app.post("/memories/{name}/messages", response_model=AddResponse)
     def add(body: AddRequest, name: str = name_param) -> AddResponse:
         try:
-            return AddResponse(ids=memory(name, create=True).add([m.model_dump(exclude_none=True) for m in body.messages]))
+            return AddResponse(
+                ids=memory(name, create=True).add([m.model_dump(exclude_none=True) for m in body.messages])
+            )
         except MemoryInputError as err:
             raise _input_error(err) from None
         except StoreError as err:
@@ -184,9 +206,13 @@ def create_app(root: str | os.PathLike, *, config=None, embedder=None, locator: 
             raise _input_error(err) from None
         g = mem.memory.granularity
         prediction = hits.prediction.to_json(g) if hits.prediction.temporal else {"temporal": False, "windows": []}
-        return SearchResponse(hits=[Hit(id=m.key, text=m.text, timestamp=m.timestamp.isoformat(), speaker=m.speaker,
-                                        score=s) for m, s in zip(hits.messages, hits.scores)],
-                              prediction=PredictionOut(**prediction))
+        return SearchResponse(
+            hits=[
+                Hit(id=m.key, text=m.text, timestamp=m.timestamp.isoformat(), speaker=m.speaker, score=s)
+                for m, s in zip(hits.messages, hits.scores)
+            ],
+            prediction=PredictionOut(**prediction),
+        )
 
     return app
 

@@ -8,22 +8,30 @@ layout and the crash-safety argument. Everything here assumes the caller seriali
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from tider.retrieval.dense import CHUNK, FaissRows
 from tider.memory.files import StoreError, StoreFiles
 from tider.memory.records import message_from_json, message_to_json
 from tider.retrieval.channels import to_days
 from tider.retrieval.config import RetrievalConfig
+from tider.retrieval.dense import CHUNK, FaissRows
 from tider.types import Memory, Message
 
 # Config fields an index is built with: a store refuses to open with other values.
-BUILD_FIELDS = ("embedding_model", "embed_template", "bm25_backend", "bm25_method", "metadata_fields", "timeline",
-                "hnsw_m", "hnsw_min_messages")
+BUILD_FIELDS = (
+    "embedding_model",
+    "embed_template",
+    "bm25_backend",
+    "bm25_method",
+    "metadata_fields",
+    "timeline",
+    "hnsw_m",
+    "hnsw_min_messages",
+)
 MERGE_SEGMENTS_OVER = 32  # more segment files than this: merge them into one
 
 
@@ -41,7 +49,7 @@ class VectorBuffer:
             grown = np.empty((max(2 * len(self._buf), self.n + len(rows)), self._buf.shape[1]), dtype=np.float32)
             grown[: self.n] = self._buf[: self.n]
             self._buf = grown
-        self._buf[self.n:self.n + len(rows)] = rows
+        self._buf[self.n : self.n + len(rows)] = rows
         self.n += len(rows)
 
     @property
@@ -58,8 +66,9 @@ class MemoryState:
             if config is not None:
                 for f in BUILD_FIELDS:
                     if getattr(config, f) != getattr(stored, f):
-                        raise StoreError(f"{path}: built with {f}={getattr(stored, f)!r}, opened with "
-                                         f"{getattr(config, f)!r}")
+                        raise StoreError(
+                            f"{path}: built with {f}={getattr(stored, f)!r}, opened with {getattr(config, f)!r}"
+                        )
             config, name, granularity = config or stored, manifest["name"], manifest["granularity"]
         self.config = config or RetrievalConfig()
         self.name = name or (Path(path).name if path is not None else "memory")
@@ -73,8 +82,14 @@ class MemoryState:
         self.vectors = VectorBuffer()
         self.dim: int | None = None
         self.generation = 0
-        self.manifest = manifest or {"name": self.name, "granularity": granularity, "segments": [], "next_segment": 1,
-                                     "config": self.config.to_json(), "embedding": {}}
+        self.manifest = manifest or {
+            "name": self.name,
+            "granularity": granularity,
+            "segments": [],
+            "next_segment": 1,
+            "config": self.config.to_json(),
+            "embedding": {},
+        }
         self._build = threading.Lock()  # lazily built indexes: one builder at a time
         self._bm25 = self._ts = self._by_pos = self._faiss = self._timeline = self._pos_of_row = None
         self._in_order = True  # row == position for every message
@@ -109,8 +124,9 @@ class MemoryState:
             return keys
         vecs = vectors[picks] if vectors is not None else self._embed(fresh)
         if self.dim is not None and vecs.shape[1] != self.dim:
-            raise StoreError(f"memory {self.name!r}: the embedder gives dimension {vecs.shape[1]}, the store holds "
-                             f"{self.dim}")
+            raise StoreError(
+                f"memory {self.name!r}: the embedder gives dimension {vecs.shape[1]}, the store holds {self.dim}"
+            )
         first_row = len(self.memory)
         fresh = [replace(m, id=first_row + i) for i, m in enumerate(fresh)]
         if self.files is not None:
@@ -124,18 +140,26 @@ class MemoryState:
     def _embed(self, messages: Sequence[Message]) -> np.ndarray:
         from tider.retrieval.embed import embedding_text
 
-        return np.asarray(self.embedder.encode([embedding_text(m, self.config.embed_template) for m in messages]),
-                          dtype=np.float32)
+        return np.asarray(
+            self.embedder.encode([embedding_text(m, self.config.embed_template) for m in messages]), dtype=np.float32
+        )
 
     def _commit(self, fresh: list[Message], vecs: np.ndarray) -> None:
         m = self.manifest
         name = f"seg-{m['next_segment']:06d}"
         self.files.write_segment(name, [message_to_json(x) for x in fresh], vecs)
-        embedding = {"model": self.config.embedding_model or "default", "dim": int(vecs.shape[1]),
-                     "template": self.config.embed_template}
-        self.manifest = {**m, "segments": m["segments"] + [{"name": name, "messages": len(fresh)}],
-                         "next_segment": m["next_segment"] + 1, "messages": len(self.memory) + len(fresh),
-                         "embedding": embedding}
+        embedding = {
+            "model": self.config.embedding_model or "default",
+            "dim": int(vecs.shape[1]),
+            "template": self.config.embed_template,
+        }
+        self.manifest = {
+            **m,
+            "segments": m["segments"] + [{"name": name, "messages": len(fresh)}],
+            "next_segment": m["next_segment"] + 1,
+            "messages": len(self.memory) + len(fresh),
+            "embedding": embedding,
+        }
         self.files.commit(self.manifest)
         if len(self.manifest["segments"]) > MERGE_SEGMENTS_OVER:
             self._merge_segments(vecs)
@@ -149,7 +173,11 @@ class MemoryState:
         vectors = np.concatenate([self.vectors.rows, newest])
         name = f"seg-{m['next_segment']:06d}"
         self.files.write_segment(name, lines, vectors)
-        self.manifest = {**m, "segments": [{"name": name, "messages": len(lines)}], "next_segment": m["next_segment"] + 1}
+        self.manifest = {
+            **m,
+            "segments": [{"name": name, "messages": len(lines)}],
+            "next_segment": m["next_segment"] + 1,
+        }
         self.files.commit(self.manifest)
         self.files.remove_unlisted({name})
 
@@ -172,13 +200,18 @@ class MemoryState:
             new_rows = np.array([m.id for m in fresh], dtype=np.int64)
             self.row_of_pos = np.array(order, dtype=np.int64)
             first_changed = int(np.flatnonzero(np.isin(self.row_of_pos, new_rows))[0])
-        self._in_order = self._in_order and first_changed == old_n and bool(
-            np.array_equal(self.row_of_pos[old_n:], np.arange(old_n, len(self.row_of_pos))))
+        self._in_order = (
+            self._in_order
+            and first_changed == old_n
+            and bool(np.array_equal(self.row_of_pos[old_n:], np.arange(old_n, len(self.row_of_pos))))
+        )
         self.generation += 1
         self._bm25 = self._by_pos = None
         self._ts = self._ts if first_changed == old_n else None
         if self._timeline is not None or self._timeline_from is not None:
-            self._timeline_from = first_changed if self._timeline_from is None else min(self._timeline_from, first_changed)
+            self._timeline_from = (
+                first_changed if self._timeline_from is None else min(self._timeline_from, first_changed)
+            )
         self._pos_of_row = None
 
     # -- derived, lazily ------------------------------------------------------------------
@@ -212,8 +245,9 @@ class MemoryState:
                     self._bm25 = BM25Index.load(saved[0])
                 else:
                     cfg = self.config
-                    self._bm25 = BM25Index.from_messages(self.memory.messages, cfg.metadata_fields, cfg.bm25_backend,
-                                                         cfg.bm25_method)
+                    self._bm25 = BM25Index.from_messages(
+                        self.memory.messages, cfg.metadata_fields, cfg.bm25_backend, cfg.bm25_method
+                    )
                     if self.files is not None:
                         self.files.save_derived("bm25", n, self._bm25.save)
             return self._bm25
@@ -223,8 +257,14 @@ class MemoryState:
         with self._build:
             if self._faiss is None:
                 saved = self.files.derived_dir("faiss") if self.files else None
-                self._faiss = FaissRows.load(saved[0] if saved else None, saved[1] if saved else None, self.dim,
-                                             cfg.hnsw_min_messages, cfg.hnsw_m, self.vectors.rows)
+                self._faiss = FaissRows.load(
+                    saved[0] if saved else None,
+                    saved[1] if saved else None,
+                    self.dim,
+                    cfg.hnsw_min_messages,
+                    cfg.hnsw_m,
+                    self.vectors.rows,
+                )
             elif self._faiss.n < self.vectors.n:
                 self._faiss.add(self.vectors.rows)
             return self._faiss
@@ -259,17 +299,24 @@ class MemoryState:
                     from safetensors.numpy import load_file
 
                     arrays = load_file(str(saved[0] / "timeline.safetensors"))
-                    self._timeline = Timeline(self.memory, arrays["starts"].tolist(), arrays["vectors"],
-                                              self.vectors_by_position(), self.embedder,
-                                              summary_words=cfg.timeline.summary_words)
+                    self._timeline = Timeline(
+                        self.memory,
+                        arrays["starts"].tolist(),
+                        arrays["vectors"],
+                        self.vectors_by_position(),
+                        self.embedder,
+                        summary_words=cfg.timeline.summary_words,
+                    )
                 else:
-                    self._timeline = build_timeline(self.memory, self.embedder, cfg.timeline,
-                                                    embeddings=self.vectors_by_position())
+                    self._timeline = build_timeline(
+                        self.memory, self.embedder, cfg.timeline, embeddings=self.vectors_by_position()
+                    )
                     self._save_timeline()
                 self._timeline_from = None
             elif self._timeline_from is not None:
-                self._timeline = self._timeline.extend(self.memory, self.vectors_by_position(), cfg.timeline,
-                                                       self._timeline_from)
+                self._timeline = self._timeline.extend(
+                    self.memory, self.vectors_by_position(), cfg.timeline, self._timeline_from
+                )
                 self._timeline_from = None
             return self._timeline
 
@@ -280,18 +327,26 @@ class MemoryState:
             return
         t = self._timeline
         arrays = {"starts": np.array(t.starts, dtype=np.int64), "vectors": np.ascontiguousarray(t.vectors)}
-        self.files.save_derived("timeline", len(self.memory),
-                                lambda d: (d.mkdir(parents=True, exist_ok=True),
-                                           save_file(arrays, str(d / "timeline.safetensors"))))
+        self.files.save_derived(
+            "timeline",
+            len(self.memory),
+            lambda d: (d.mkdir(parents=True, exist_ok=True), save_file(arrays, str(d / "timeline.safetensors"))),
+        )
 
     def flush(self, force: bool = False) -> None:
         """Persist the derived indexes that are worth it (all of them with ``force``)."""
         if self.files is None:
             return
-        if self._faiss is not None and self._faiss.graph_rows > self._saved_graph_rows and (
-                force or self._faiss.graph_rows - self._saved_graph_rows >= max(4 * CHUNK, self._saved_graph_rows // 10)):
-            self.files.save_derived("faiss", self._faiss.graph_rows, self._faiss.save,
-                                    extra={"graph_rows": self._faiss.graph_rows})
+        if (
+            self._faiss is not None
+            and self._faiss.graph_rows > self._saved_graph_rows
+            and (
+                force or self._faiss.graph_rows - self._saved_graph_rows >= max(4 * CHUNK, self._saved_graph_rows // 10)
+            )
+        ):
+            self.files.save_derived(
+                "faiss", self._faiss.graph_rows, self._faiss.save, extra={"graph_rows": self._faiss.graph_rows}
+            )
             self._saved_graph_rows = self._faiss.graph_rows
         if force and self._timeline is not None and self._timeline_from is None:
             saved = self.files.derived_dir("timeline")

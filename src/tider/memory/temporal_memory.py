@@ -37,10 +37,11 @@ import contextlib
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -122,9 +123,18 @@ class TemporalMemory:
     k and the rewards with many windows); 0 turns it off.
     """
 
-    def __init__(self, path: str | Path | None = None, *, config: RetrievalConfig | None = None, embedder=None,
-                 name: str | None = None, granularity: str = "day", locator: Mapping | None = None,
-                 source_options: Mapping | None = None, cache_elements: int = 20_000_000):
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        config: RetrievalConfig | None = None,
+        embedder=None,
+        name: str | None = None,
+        granularity: str = "day",
+        locator: Mapping | None = None,
+        source_options: Mapping | None = None,
+        cache_elements: int = 20_000_000,
+    ):
         self.state = MemoryState(path, config=config, embedder=embedder, name=name, granularity=granularity)
         self.config = self.state.config
         self.name = self.state.name
@@ -147,7 +157,7 @@ class TemporalMemory:
     def timeline(self):
         return self.state.timeline()
 
-    def indexes(self, memory_key: str | None = None) -> "TemporalMemory":
+    def indexes(self, memory_key: str | None = None) -> TemporalMemory:
         """What window sources that need indexes (``dbscan-*``) read: ``.bm25``, ``.timeline``."""
         return self
 
@@ -186,14 +196,14 @@ class TemporalMemory:
         with self._lock.writing():
             self.state.close()
 
-    def __enter__(self) -> "TemporalMemory":
+    def __enter__(self) -> TemporalMemory:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     # -- search -------------------------------------------------------------------------
-    def query(self, text: str, asked_at=None, user: Optional[str] = None) -> Query:
+    def query(self, text: str, asked_at=None, user: str | None = None) -> Query:
         """The ``Query`` a window source sees (no gold: nothing on this path has any)."""
         if not isinstance(text, str):
             raise MemoryInputError("text", f"expected a string, got {type(text).__name__}")
@@ -212,7 +222,9 @@ class TemporalMemory:
             return NON_TEMPORAL
         source = self.source(windows) if isinstance(windows, str) else windows
         if not hasattr(source, "predict"):
-            raise MemoryInputError("windows", f"expected a source name, a WindowSource or a WindowPrediction, got {windows!r}")
+            raise MemoryInputError(
+                "windows", f"expected a source name, a WindowSource or a WindowPrediction, got {windows!r}"
+            )
         return source.predict(query, self.memory, self.timeline)
 
     def source(self, name: str):
@@ -227,9 +239,17 @@ class TemporalMemory:
                 raise MemoryInputError("windows", f"source {name!r} cannot be built here: {err}") from None
         return self._sources[name]
 
-    def search(self, text: str, asked_at=None, user: Optional[str] = None, k: Optional[int] = None, windows="none",
-               query_vector: np.ndarray | None = None, exact: Optional[bool] = None,
-               semantic: Optional[str] = None) -> SearchHits:
+    def search(
+        self,
+        text: str,
+        asked_at=None,
+        user: str | None = None,
+        k: int | None = None,
+        windows="none",
+        query_vector: np.ndarray | None = None,
+        exact: bool | None = None,
+        semantic: str | None = None,
+    ) -> SearchHits:
         """The top-``k`` messages for ``text`` asked at ``asked_at`` (nothing after it with
         ``config.past_only``), ranked by the dual-channel retriever with the windows of
         ``windows``. ``exact``: True scores every message, False takes the index-backed
@@ -243,8 +263,9 @@ class TemporalMemory:
             prediction = self.predict(query, windows)
             positions, scores, used_exact = self.rank(query, prediction, k, query_vector, exact, semantic)
             msgs = [self.memory[int(i)] for i in positions]
-        return SearchHits([m.key for m in msgs], [float(s) for s in scores], msgs, [int(i) for i in positions],
-                          prediction, used_exact)
+        return SearchHits(
+            [m.key for m in msgs], [float(s) for s in scores], msgs, [int(i) for i in positions], prediction, used_exact
+        )
 
     def cut(self, asked_at: datetime | None) -> int:
         """Number of positions a query asked at ``asked_at`` may see."""
@@ -252,8 +273,15 @@ class TemporalMemory:
             return len(self)
         return bisect.bisect_right(self.memory.timestamps, asked_at)
 
-    def rank(self, query: Query, prediction: WindowPrediction, k: int, query_vector=None, exact: Optional[bool] = None,
-             semantic: Optional[str] = None) -> tuple[np.ndarray, np.ndarray, bool]:
+    def rank(
+        self,
+        query: Query,
+        prediction: WindowPrediction,
+        k: int,
+        query_vector=None,
+        exact: bool | None = None,
+        semantic: str | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
         """``(positions, scores, exact)`` for an already-made prediction (the harness and
         the rewards call this with their own predictions)."""
         state = self.state
@@ -279,18 +307,24 @@ class TemporalMemory:
         state = self.state
         vector = None
         if mode in ("dense", "hybrid"):
-            vector = np.asarray(query_vector, dtype=np.float32).reshape(-1) if query_vector is not None \
+            vector = (
+                np.asarray(query_vector, dtype=np.float32).reshape(-1)
+                if query_vector is not None
                 else state.embed_queries([query.text])[0]
+            )
         bm25 = state.bm25().scores(query.text) if mode in ("bm25", "hybrid") else None
         if exact:
             dense = state.vectors_by_position() @ vector if vector is not None else None
-            sim = exact_similarity(None if dense is None else dense[:cut], None if bm25 is None else bm25[:cut],
-                                   self.config, mode)
+            sim = exact_similarity(
+                None if dense is None else dense[:cut], None if bm25 is None else bm25[:cut], self.config, mode
+            )
             part = _Semantic(True, sim=sim, order=np.lexsort((np.arange(sim.shape[0]), -sim)))
         else:
             pos, scores = state.dense_search(vector, cut) if vector is not None else (None, None)
-            part = _Semantic(False, candidates=indexed.fuse(pos, scores, None if bm25 is None else bm25[:cut], mode,
-                                                            self.config, cut))
+            part = _Semantic(
+                False,
+                candidates=indexed.fuse(pos, scores, None if bm25 is None else bm25[:cut], mode, self.config, cut),
+            )
         with self._cache_lock:
             self._semantic[key] = part
             while self._semantic and len(self._semantic) * max(len(self), 1) > self.cache_elements:
@@ -302,8 +336,18 @@ class TemporalMemory:
         self.state.embed_queries(list(dict.fromkeys(texts)))
 
     # -- the forest back end --------------------------------------------------------------
-    def context(self, text: str, asked_at=None, user: Optional[str] = None, k: Optional[int] = None, windows="none",
-                llm=None, budget: int = 8192, top_n: int = 100, classifier: Optional[str] = None):
+    def context(
+        self,
+        text: str,
+        asked_at=None,
+        user: str | None = None,
+        k: int | None = None,
+        windows="none",
+        llm=None,
+        budget: int = 8192,
+        top_n: int = 100,
+        classifier: str | None = None,
+    ):
         """Evidence for a reader (T-Mem): search seeds, evidence selection in the windows
         (with ``llm``), UPDATE/EXPAND/ROOT structuring, IDF span compression to ``budget``
         tokens, linearization. See ``tider.memory.context``."""

@@ -17,8 +17,8 @@ as JSON (rank-bm25 is rebuilt from it on load).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -68,13 +68,18 @@ class BM25Index:
             self._model = BM25Okapi([t or ["\x00"] for t in self.token_lists])
 
     @classmethod
-    def from_texts(cls, texts: Sequence[str], backend: str = "bm25s", method: str = "lucene") -> "BM25Index":
+    def from_texts(cls, texts: Sequence[str], backend: str = "bm25s", method: str = "lucene") -> BM25Index:
         stop = _stopwords()
         return cls([tokenize(t, stop) for t in texts], backend=backend, method=method)
 
     @classmethod
-    def from_messages(cls, messages: Sequence[Message], fields=("speaker", "channel", "phase", "topic", "role"),
-                      backend: str = "bm25s", method: str = "lucene") -> "BM25Index":
+    def from_messages(
+        cls,
+        messages: Sequence[Message],
+        fields=("speaker", "channel", "phase", "topic", "role"),
+        backend: str = "bm25s",
+        method: str = "lucene",
+    ) -> BM25Index:
         return cls.from_texts([expand_message(m, fields) for m in messages], backend=backend, method=method)
 
     def scores(self, query: str | Sequence[str]) -> np.ndarray:
@@ -106,7 +111,7 @@ class BM25Index:
             self._model.save(str(directory / "bm25s"), allow_pickle=False, show_progress=False)
 
     @classmethod
-    def load(cls, directory: str | Path) -> "BM25Index":
+    def load(cls, directory: str | Path) -> BM25Index:
         directory = Path(directory)
         meta = json.loads((directory / "bm25_meta.json").read_text())
         tokens = json.loads((directory / "bm25_tokens.json").read_text())

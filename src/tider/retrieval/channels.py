@@ -14,8 +14,8 @@ ids are sorted by time).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Sequence
 
 import numpy as np
 
@@ -57,8 +57,9 @@ def rrf_similarity(dense_ranks: np.ndarray, bm25_ranks: np.ndarray | None, rrf_k
     return (fused * (rrf_k + 1) / 2.0).astype(np.float32)
 
 
-def semantic_similarity(dense: np.ndarray | None, bm25: np.ndarray | None, mode: str, rrf_k: int = 60,
-                        rrf_depth: int | None = 1000) -> np.ndarray:
+def semantic_similarity(
+    dense: np.ndarray | None, bm25: np.ndarray | None, mode: str, rrf_k: int = 60, rrf_depth: int | None = 1000
+) -> np.ndarray:
     if mode == "dense":
         return np.maximum(dense, 0.0).astype(np.float32)
     if mode == "bm25":

@@ -108,7 +108,7 @@ class RetrievalConfig:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "RetrievalConfig":
+    def from_json(cls, data: dict) -> RetrievalConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:

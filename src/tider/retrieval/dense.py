@@ -68,7 +68,7 @@ class FaissRows:
         if self.hnsw is not None:
             whole = (self.n // CHUNK) * CHUNK
             for lo in range(self.graph_rows, whole, CHUNK):
-                self.hnsw.add(np.ascontiguousarray(vectors_all[lo:lo + CHUNK]))
+                self.hnsw.add(np.ascontiguousarray(vectors_all[lo : lo + CHUNK]))
             self.graph_rows = max(self.graph_rows, whole)
 
     def search(self, query: np.ndarray, k: int, past, ef_search: int) -> tuple[np.ndarray, np.ndarray]:
@@ -81,14 +81,16 @@ class FaissRows:
         allowed = np.flatnonzero(past) if past is not None and not prefix else None
         n_allowed = self.n if past is None else (min(int(past), self.n) if prefix else len(allowed))
         if not self.graph_rows or n_allowed < self.hnsw_min:  # no graph yet, or a filter too narrow for it
-            return exact_top(self.vectors[:n_allowed], q, k) if allowed is None else exact_top(self.vectors, q, k, allowed)
+            return (
+                exact_top(self.vectors[:n_allowed], q, k) if allowed is None else exact_top(self.vectors, q, k, allowed)
+            )
         sel, _bits = _selector(past, 0, self.graph_rows)
         params = faiss.SearchParametersHNSW(sel=sel, efSearch=max(ef_search, k))
         s, i = self.hnsw.search(q.reshape(1, -1), min(k, self.graph_rows), params=params)
         keep = i[0] >= 0
         tail = np.arange(self.graph_rows, self.n)
         if past is not None:
-            tail = tail[tail < int(past)] if prefix else tail[past[self.graph_rows:self.n]]
+            tail = tail[tail < int(past)] if prefix else tail[past[self.graph_rows : self.n]]
         t_rows, t_scores = exact_top(self.vectors, q, k, tail)
         return np.concatenate([i[0][keep].astype(np.int64), t_rows]), np.concatenate([s[0][keep], t_scores])
 
@@ -101,8 +103,15 @@ class FaissRows:
             faiss.write_index(self.hnsw, str(folder / "hnsw.faiss"))
 
     @classmethod
-    def load(cls, folder: Path | None, meta: dict | None, dim: int, hnsw_min_messages: int, hnsw_m: int,
-             vectors_all: np.ndarray) -> "FaissRows":
+    def load(
+        cls,
+        folder: Path | None,
+        meta: dict | None,
+        dim: int,
+        hnsw_min_messages: int,
+        hnsw_m: int,
+        vectors_all: np.ndarray,
+    ) -> FaissRows:
         import faiss
 
         index = cls(dim, hnsw_min_messages, hnsw_m)

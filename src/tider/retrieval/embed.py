@@ -17,11 +17,10 @@ import hashlib
 import os
 import re
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
-
 
 _LOADING = threading.Lock()
 

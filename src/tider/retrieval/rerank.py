@@ -28,8 +28,9 @@ def window_distance(ts_days: np.ndarray, windows: np.ndarray) -> np.ndarray:
     return gaps.min(axis=1)
 
 
-def rerank_scores(sim: np.ndarray, ts_days: np.ndarray, windows: np.ndarray, lambda_boost: float, gamma_min: float,
-                  rho_per_day: float) -> np.ndarray:
+def rerank_scores(
+    sim: np.ndarray, ts_days: np.ndarray, windows: np.ndarray, lambda_boost: float, gamma_min: float, rho_per_day: float
+) -> np.ndarray:
     """``score(m)`` from the module docstring for aligned arrays ``sim`` and ``ts_days``."""
     dist = window_distance(ts_days, windows)
     return sim * decay(dist, gamma_min, rho_per_day) + lambda_boost * (dist == 0.0)

@@ -35,15 +35,23 @@ from tider.retrieval.rerank import rerank_scores
 from tider.types import WindowPrediction
 
 
-def exact_similarity(dense_scores: np.ndarray | None, bm25_scores: np.ndarray | None, config: RetrievalConfig,
-                     mode: str | None = None) -> np.ndarray:
+def exact_similarity(
+    dense_scores: np.ndarray | None, bm25_scores: np.ndarray | None, config: RetrievalConfig, mode: str | None = None
+) -> np.ndarray:
     """``sim`` of every message from its full dense and BM25 score vectors (exact scoring)."""
-    return channels.semantic_similarity(dense_scores, bm25_scores, mode or config.semantic, config.rrf_k,
-                                        config.rrf_depth)
+    return channels.semantic_similarity(
+        dense_scores, bm25_scores, mode or config.semantic, config.rrf_k, config.rrf_depth
+    )
 
 
-def dual_channel_rank(sim: np.ndarray, ts_days: np.ndarray, prediction: WindowPrediction, config: RetrievalConfig,
-                      k: int | None = None, semantic_order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def dual_channel_rank(
+    sim: np.ndarray,
+    ts_days: np.ndarray,
+    prediction: WindowPrediction,
+    config: RetrievalConfig,
+    k: int | None = None,
+    semantic_order: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Dual-channel ``(ids, scores)`` for one prediction over the messages ``sim`` covers
     (``ts_days`` aligned with it). ``semantic_order`` (ids sorted by ``sim``, best first)
     may be passed in when cached, to skip the top-k selection."""
@@ -57,8 +65,9 @@ def dual_channel_rank(sim: np.ndarray, ts_days: np.ndarray, prediction: WindowPr
     return rerank_top_k(candidates, sim[candidates], ts_days[candidates], windows, config, k)
 
 
-def rerank_top_k(candidates: np.ndarray, sim: np.ndarray, ts_days: np.ndarray, windows: np.ndarray,
-                 config: RetrievalConfig, k: int) -> tuple[np.ndarray, np.ndarray]:
+def rerank_top_k(
+    candidates: np.ndarray, sim: np.ndarray, ts_days: np.ndarray, windows: np.ndarray, config: RetrievalConfig, k: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The distance-decay score of each candidate, top-``k`` best first (ties: lower id)."""
     scores = rerank_scores(sim, ts_days, windows, config.lambda_boost, config.gamma_min, config.rho_per_day)
     order = np.lexsort((candidates, -scores))[:k]

@@ -21,9 +21,10 @@ LLM-backed object with the same ``summarize`` method.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -82,8 +83,12 @@ class ExtractiveSummarizer:
         names = {t for i in member_ids for t in tokenize(memory[i].speaker)}
         from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-        tf = Counter(t for i in member_ids for t in tokenize(memory[i].text)
-                     if len(t) > 2 and t not in names and t not in ENGLISH_STOP_WORDS and not t.isdigit())
+        tf = Counter(
+            t
+            for i in member_ids
+            for t in tokenize(memory[i].text)
+            if len(t) > 2 and t not in names and t not in ENGLISH_STOP_WORDS and not t.isdigit()
+        )
         n = len(memory)
         scored = sorted(tf, key=lambda t: (-tf[t] * math.log((1 + n) / (1 + df.get(t, 0))), t))
         return scored[: self.keywords]
@@ -106,9 +111,17 @@ class Timeline:
     timeline grown by ``extend`` reads exactly like one built from all messages at once.
     """
 
-    def __init__(self, memory: Memory, starts: Sequence[int], vectors: np.ndarray, embeddings: np.ndarray,
-                 embedder=None, summarizer: Summarizer | None = None, summary_words: int = 16,
-                 end: int | None = None):
+    def __init__(
+        self,
+        memory: Memory,
+        starts: Sequence[int],
+        vectors: np.ndarray,
+        embeddings: np.ndarray,
+        embedder=None,
+        summarizer: Summarizer | None = None,
+        summary_words: int = 16,
+        end: int | None = None,
+    ):
         self.memory = memory
         self.embeddings = embeddings  # rows = positions of ``memory`` (what summaries read)
         self.starts = [int(s) for s in starts]
@@ -116,7 +129,7 @@ class Timeline:
         self.embedder = embedder
         self.summarizer = summarizer or ExtractiveSummarizer(summary_words)
         self.end = len(memory) if end is None else end  # positions at or past it are not (yet) said
-        self.parent: "Timeline | None" = None  # the full timeline of a ``visible`` view
+        self.parent: Timeline | None = None  # the full timeline of a ``visible`` view
         self._entries: dict[int, TimelineEntry] = {}
 
     def __len__(self) -> int:
@@ -126,7 +139,7 @@ class Timeline:
         end = self.starts[j + 1] if j + 1 < len(self.starts) else self.end
         return range(self.starts[j], end)
 
-    def visible(self, asked_at: datetime | None) -> "Timeline":
+    def visible(self, asked_at: datetime | None) -> Timeline:
         """The timeline as it stood at ``asked_at`` (DESIGN decision 10, no memory from the
         future): clusters that started later are gone, and the one still open then is cut
         to the members said by then (its centroid and summary from those alone). Entries
@@ -156,8 +169,12 @@ class Timeline:
             self._entries[j] = self.parent.entry(j)
         if j not in self._entries:
             ids = tuple(self.members(j))
-            self._entries[j] = TimelineEntry(self.memory.timestamps[ids[0]], self.memory.timestamps[ids[-1]], ids,
-                                             self.summarizer.summarize(self.memory, list(ids), self.embeddings))
+            self._entries[j] = TimelineEntry(
+                self.memory.timestamps[ids[0]],
+                self.memory.timestamps[ids[-1]],
+                ids,
+                self.summarizer.summarize(self.memory, list(ids), self.embeddings),
+            )
         return self._entries[j]
 
     @property
@@ -178,7 +195,7 @@ class Timeline:
         order = np.argsort(-self.scores(query), kind="stable")[:k]
         return [self.entry(int(j)) for j in order]
 
-    def extend(self, memory: Memory, embeddings: np.ndarray, config: TimelineConfig, first_changed: int) -> "Timeline":
+    def extend(self, memory: Memory, embeddings: np.ndarray, config: TimelineConfig, first_changed: int) -> Timeline:
         """The timeline of ``memory`` (this one's memory with messages added from position
         ``first_changed`` on): clusters that closed before it are kept, the greedy merge
         re-runs from the start of the cluster holding ``first_changed - 1``."""
@@ -193,8 +210,9 @@ class Timeline:
         return Timeline(memory, starts, vectors, embeddings, self.embedder, self.summarizer)
 
 
-def cluster_messages(timestamps: Sequence[datetime], embeddings: np.ndarray, config: TimelineConfig,
-                     start: int = 0) -> list[list[int]]:
+def cluster_messages(
+    timestamps: Sequence[datetime], embeddings: np.ndarray, config: TimelineConfig, start: int = 0
+) -> list[list[int]]:
     """The greedy chronological merge from the module docstring over positions ``start ..``
     (the first opens a cluster); returns member id lists."""
     gap = days(config.delta_date_days)
@@ -226,12 +244,23 @@ def centroids(embeddings: np.ndarray, clusters: Sequence[Sequence[int]]) -> np.n
     return np.array(out, dtype=np.float32).reshape(-1, dim)
 
 
-def build_timeline(memory: Memory, embedder, config: TimelineConfig | None = None, summarizer: Summarizer | None = None,
-                   embeddings: np.ndarray | None = None) -> Timeline:
+def build_timeline(
+    memory: Memory,
+    embedder,
+    config: TimelineConfig | None = None,
+    summarizer: Summarizer | None = None,
+    embeddings: np.ndarray | None = None,
+) -> Timeline:
     """Cluster ``memory`` into a ``Timeline``. ``embeddings`` (rows = message ids) skips re-encoding."""
     config = config or TimelineConfig()
     if embeddings is None:
         embeddings = embedder.encode([m.text for m in memory])
     clusters = cluster_messages(memory.timestamps, embeddings, config)
-    return Timeline(memory, [c[0] for c in clusters], centroids(embeddings, clusters), embeddings, embedder,
-                    summarizer or ExtractiveSummarizer(config.summary_words))
+    return Timeline(
+        memory,
+        [c[0] for c in clusters],
+        centroids(embeddings, clusters),
+        embeddings,
+        embedder,
+        summarizer or ExtractiveSummarizer(config.summary_words),
+    )

@@ -7,8 +7,8 @@ error (``TrlParser.parse_args_and_config(fail_with_unknown_args=True)``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from tider.hardware import resolve_dtype
 from tider.types import WINDOW_BUCKETS
@@ -18,29 +18,61 @@ from tider.types import WINDOW_BUCKETS
 class LocatorScriptArguments:
     """Data and model-building options shared by both stages."""
 
-    dataset_name: str = field(default="synthetic", metadata={"help": "tider.data loader name (synthetic, locomo, ...)."})
-    dataset_path: Optional[str] = field(default=None, metadata={"help": "Path for file-backed loaders (LoCoMo JSON)."})
+    dataset_name: str = field(
+        default="synthetic", metadata={"help": "tider.data loader name (synthetic, locomo, ...)."}
+    )
+    dataset_path: str | None = field(default=None, metadata={"help": "Path for file-backed loaders (LoCoMo JSON)."})
     dataset_seed: int = field(default=0, metadata={"help": "Seed of the synthetic benchmark generator."})
-    synthetic_messages: Optional[int] = field(default=None, metadata={"help": "Generate a synthetic benchmark of this many messages instead of the default."})
-    synthetic_conversations: int = field(default=16, metadata={"help": "Conversations in a generated synthetic benchmark."})
+    synthetic_messages: int | None = field(
+        default=None, metadata={"help": "Generate a synthetic benchmark of this many messages instead of the default."}
+    )
+    synthetic_conversations: int = field(
+        default=16, metadata={"help": "Conversations in a generated synthetic benchmark."}
+    )
     synthetic_train_conversations: int = field(
-        default=0, metadata={"help": "Extra synthetic conversations for the train split only, generated from "
-                                     "synthetic_train_seed (never the benchmark's seed): fresh data instead of epochs."})
-    synthetic_train_seed: int = field(default=1000, metadata={"help": "Seed of the train-only conversations (>= 1000 by convention)."})
+        default=0,
+        metadata={
+            "help": "Extra synthetic conversations for the train split only, generated from "
+            "synthetic_train_seed (never the benchmark's seed): fresh data instead of epochs."
+        },
+    )
+    synthetic_train_seed: int = field(
+        default=1000, metadata={"help": "Seed of the train-only conversations (>= 1000 by convention)."}
+    )
     split_seed: int = field(default=0, metadata={"help": "Seed of the by-conversation train/validation/test split."})
-    prompt_lines: int = field(default=12, metadata={"help": "Timeline lines in the locator prompt (tider.locator.lines)."})
-    prompt_system_message: bool = field(default=True, metadata={"help": "Send the locator instructions as a system message."})
-    prompt_select: str = field(default="structured", metadata={"help": "Line selection: structured (v2) or similarity (v1)."})
+    prompt_lines: int = field(
+        default=12, metadata={"help": "Timeline lines in the locator prompt (tider.locator.lines)."}
+    )
+    prompt_system_message: bool = field(
+        default=True, metadata={"help": "Send the locator instructions as a system message."}
+    )
+    prompt_select: str = field(
+        default="structured", metadata={"help": "Line selection: structured (v2) or similarity (v1)."}
+    )
     prompt_show_cues: bool = field(default=True, metadata={"help": "Resolved time cues in the prompt (v2)."})
-    prompt_pointers: bool = field(default=True, metadata={"help": "Tagged lines, answers by reference (v2); false: spelled dates."})
-    prompt_repeat_question: bool = field(default=False, metadata={"help": "Repeat the question after the timeline lines."})
-    prompt_marks: bool = field(default=False, metadata={"help": "Also answer by a line's anchor/recent mark ({\"mark\": \"A+1\"})."})
-    max_prompt_tokens: int = field(default=2048, metadata={"help": "Prompt token budget; the least-needed timeline lines are dropped to fit."})
-    max_train_samples: Optional[int] = field(default=None, metadata={"help": "Cap on training prompts (after DAR for GRPO)."})
-    max_eval_samples: Optional[int] = field(default=None, metadata={"help": "Cap on validation prompts (a seeded sample across the split)."})
+    prompt_pointers: bool = field(
+        default=True, metadata={"help": "Tagged lines, answers by reference (v2); false: spelled dates."}
+    )
+    prompt_repeat_question: bool = field(
+        default=False, metadata={"help": "Repeat the question after the timeline lines."}
+    )
+    prompt_marks: bool = field(
+        default=False, metadata={"help": 'Also answer by a line\'s anchor/recent mark ({"mark": "A+1"}).'}
+    )
+    max_prompt_tokens: int = field(
+        default=2048, metadata={"help": "Prompt token budget; the least-needed timeline lines are dropped to fit."}
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Cap on training prompts (after DAR for GRPO)."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Cap on validation prompts (a seeded sample across the split)."}
+    )
     tiny_model: bool = field(
         default=False,
-        metadata={"help": "Build a tiny random Qwen3 (tider.train.tiny) at model_name_or_path if it does not exist yet."},
+        metadata={
+            "help": "Build a tiny random Qwen3 (tider.train.tiny) at model_name_or_path if it does not exist yet."
+        },
     )
     tiny_hidden_size: int = 256
     tiny_num_layers: int = 4
@@ -48,19 +80,27 @@ class LocatorScriptArguments:
     tiny_vocab_size: int = 2048
     tiny_date_tokens: bool = field(default=True, metadata={"help": "Whole-date tokens for the data's date range."})
     tiny_structured_date_init: bool = field(
-        default=False, metadata={"help": "Date-token embeddings = shared + year + month + day parts (tider.train.tiny)."}
+        default=False,
+        metadata={"help": "Date-token embeddings = shared + year + month + day parts (tider.train.tiny)."},
     )
-    wandb_project: str = field(default="tider", metadata={"help": "wandb project (offline unless WANDB_API_KEY is set)."})
-
+    wandb_project: str = field(
+        default="tider", metadata={"help": "wandb project (offline unless WANDB_API_KEY is set)."}
+    )
 
     def prompt_settings(self):
         from tider.locator.lines import LineConfig
         from tider.locator.prompt import PromptSettings
 
-        return PromptSettings(lines=LineConfig(max_lines=self.prompt_lines), max_prompt_tokens=self.max_prompt_tokens,
-                              system_prompt=self.prompt_system_message, select=self.prompt_select,
-                              show_cues=self.prompt_show_cues, pointers=self.prompt_pointers,
-                              marks=self.prompt_marks, repeat_question=self.prompt_repeat_question)
+        return PromptSettings(
+            lines=LineConfig(max_lines=self.prompt_lines),
+            max_prompt_tokens=self.max_prompt_tokens,
+            system_prompt=self.prompt_system_message,
+            select=self.prompt_select,
+            show_cues=self.prompt_show_cues,
+            pointers=self.prompt_pointers,
+            marks=self.prompt_marks,
+            repeat_question=self.prompt_repeat_question,
+        )
 
 
 @dataclass
@@ -71,25 +111,41 @@ class GRPOScriptArguments(LocatorScriptArguments):
         default_factory=lambda: ["format", "switch", "window_iou", "evidence_coverage"],
         metadata={"help": "Reward names from tider.train.rewards; weights go in reward_weights (GRPOConfig)."},
     )
-    dar: bool = field(default=True, metadata={"help": "Difficulty-aware resampling by gold-window count (TIDER Table 8)."})
+    dar: bool = field(
+        default=True, metadata={"help": "Difficulty-aware resampling by gold-window count (TIDER Table 8)."}
+    )
     dar_factor_0: float = 10.0
     dar_factor_1: float = 1.0
     dar_factor_2: float = 1.0
     dar_factor_3plus: float = 4.0
     filter_samples: int = field(
-        default=0, metadata={"help": "Informative-prompt filter (tider.train.prompt_filter): sample this many completions "
-                                     "of the starting model per candidate prompt and keep prompts whose rewards differ; 0 = off."})
+        default=0,
+        metadata={
+            "help": "Informative-prompt filter (tider.train.prompt_filter): sample this many completions "
+            "of the starting model per candidate prompt and keep prompts whose rewards differ; 0 = off."
+        },
+    )
     filter_pool: int = field(default=1024, metadata={"help": "Candidate train prompts the filter samples (seeded)."})
     retrieval_k: int = field(default=20, metadata={"help": "k for evidence_coverage / answer rewards (TIDER: 20)."})
     proximity_tau: float = field(default=7.0, metadata={"help": "proximity reward scale, in granularity units."})
-    reader_model: Optional[str] = field(default=None, metadata={"help": "Reader for answer_correct: the served model name with reader_base_url, else a local checkpoint."})
-    reader_base_url: Optional[str] = field(default=None, metadata={"help": "Reader endpoint for answer_correct."})
+    reader_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Reader for answer_correct: the served model name with reader_base_url, else a local checkpoint."
+        },
+    )
+    reader_base_url: str | None = field(default=None, metadata={"help": "Reader endpoint for answer_correct."})
     reader_wait_timeout: float = field(
-        default=300.0, metadata={"help": "Seconds to wait for the reader endpoint at start-up before failing with a clear error."})
+        default=300.0,
+        metadata={"help": "Seconds to wait for the reader endpoint at start-up before failing with a clear error."},
+    )
     reader_timeout: float = field(default=60.0, metadata={"help": "Seconds per reader request."})
-    reader_max_tokens: int = field(default=64, metadata={"help": "Token budget of a reader answer (the prompt asks for a short one)."})
+    reader_max_tokens: int = field(
+        default=64, metadata={"help": "Token budget of a reader answer (the prompt asks for a short one)."}
+    )
     reader_max_retries: int = field(
-        default=2, metadata={"help": "Retries per reader request; after them the completion gets a counted 0 reward."})
+        default=2, metadata={"help": "Retries per reader request; after them the completion gets a counted 0 reward."}
+    )
 
     @property
     def dar_factors(self) -> dict[str, float]:

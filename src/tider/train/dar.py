@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 from tider.types import WINDOW_BUCKETS, window_bucket
 
@@ -33,7 +33,9 @@ def _check(factors: Mapping[str, float]) -> dict[str, float]:
     return {b: float(factors.get(b, 1.0)) for b in WINDOW_BUCKETS}
 
 
-def effective_probabilities(n_gold_windows: Sequence[int], factors: Mapping[str, float] = DEFAULT_DAR_FACTORS) -> dict[str, float]:
+def effective_probabilities(
+    n_gold_windows: Sequence[int], factors: Mapping[str, float] = DEFAULT_DAR_FACTORS
+) -> dict[str, float]:
     """Per-bucket sampling probability after reweighting (sums to 1 over present buckets)."""
     f = _check(factors)
     counts = Counter(window_bucket(n) for n in n_gold_windows)
@@ -48,7 +50,7 @@ def dar_resample(
     records: Sequence[dict],
     factors: Mapping[str, float] = DEFAULT_DAR_FACTORS,
     *,
-    num_samples: Optional[int] = None,
+    num_samples: int | None = None,
     seed: int = 0,
     count_column: str = "n_gold_windows",
 ) -> list[dict]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 from tider.locator.prompt import PromptSettings, locator_input
 from tider.types import Dataset, Query, format_time
@@ -53,7 +53,7 @@ def split_keys(
 SPLIT_CHOICES = ("train", "validation", "test", "heldout", "all")
 
 
-def memory_keys_of(memory_keys: Iterable[str], split: str, seed: int = 0) -> Optional[list[str]]:
+def memory_keys_of(memory_keys: Iterable[str], split: str, seed: int = 0) -> list[str] | None:
     """The memories of a named split; ``heldout`` = validation + test (every conversation
     training never saw), ``all`` = None (no restriction)."""
     if split == "all":
@@ -123,8 +123,9 @@ class PromptBuilder:
     truncation with the policy's tokenizer. ``build(query)`` returns the ``LocatorInput``
     (messages + the table references resolve against)."""
 
-    def __init__(self, dataset: Dataset, store, *, tokenizer=None, settings: Optional[PromptSettings] = None,
-                 resolver=None):
+    def __init__(
+        self, dataset: Dataset, store, *, tokenizer=None, settings: PromptSettings | None = None, resolver=None
+    ):
         from tider.locator.rules import shared_resolver
 
         self.dataset = dataset
@@ -140,8 +141,16 @@ class PromptBuilder:
         memory = self.dataset.memories[query.memory_key]
         timeline = self.store.timeline(query.memory_key).visible(public.asked_at)
         cues = query_cues(self.resolver, public, memory)
-        return locator_input(public, memory, timeline, cues, self.dataset.granularity, self.settings,
-                             query_vector=self.store.embedder.encode([public.text])[0], tokenizer=self.tokenizer)
+        return locator_input(
+            public,
+            memory,
+            timeline,
+            cues,
+            self.dataset.granularity,
+            self.settings,
+            query_vector=self.store.embedder.encode([public.text])[0],
+            tokenizer=self.tokenizer,
+        )
 
     def messages(self, query: Query) -> list[dict]:
         return self.build(query).messages
@@ -153,20 +162,25 @@ def sft_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
     records = []
     for q in queries:
         table = builder.build(q)
-        records.append({
-            "prompt": table.messages,
-            "completion": [{"role": "assistant", "content": json.dumps(gold_answer(q, table, g))}],
-            "query_key": q.key,
-            "category": q.category or "",
-        })
+        records.append(
+            {
+                "prompt": table.messages,
+                "completion": [{"role": "assistant", "content": json.dumps(gold_answer(q, table, g))}],
+                "query_key": q.key,
+                "category": q.category or "",
+            }
+        )
     return records
 
 
 def reward_columns(q: Query, table, granularity) -> dict:
     """The columns the GRPO rewards read for one prompt (TRL passes extra dataset columns
     as kwargs): the prompt's reference table (``refs``) and the gold labels."""
-    gold_windows = [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in q.gold.windows] \
-        if q.gold.temporal else []
+    gold_windows = (
+        [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in q.gold.windows]
+        if q.gold.temporal
+        else []
+    )
     return {
         "refs": table.refs_json(granularity),
         "query_key": q.key,
@@ -198,7 +212,7 @@ def grpo_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]
     return records
 
 
-def corpus_texts(dataset: Dataset, records: Optional[Sequence[dict]] = None) -> list[str]:
+def corpus_texts(dataset: Dataset, records: Sequence[dict] | None = None) -> list[str]:
     """Tokenizer corpus for a tiny model: message texts, plus rendered prompts and completions."""
     texts = [m.text for memory in dataset.memories.values() for m in memory]
     texts += [q.text for q in dataset.queries]

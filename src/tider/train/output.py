@@ -80,7 +80,9 @@ class _TerminalFilter(logging.Filter):
         if record.name.startswith("tider"):
             return record.levelno >= logging.INFO
         # library warnings stay in the log file; py.warnings (captured) likewise
-        return record.levelno >= logging.WARNING and not record.name.startswith(("py.warnings", "vllm", "transformers", "trl"))
+        return record.levelno >= logging.WARNING and not record.name.startswith(
+            ("py.warnings", "vllm", "transformers", "trl")
+        )
 
 
 # What the progress line shows, first match per slot: (label, metric keys).
@@ -109,8 +111,13 @@ class ProgressLine(TrainerCallback):
 
         self.metrics_path = Path(args.output_dir) / "metrics.jsonl"
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=self.stage, dynamic_ncols=True,
-                        bar_format="{desc}: {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}{postfix}]")
+        self.bar = tqdm(
+            total=state.max_steps,
+            initial=state.global_step,
+            desc=self.stage,
+            dynamic_ncols=True,
+            bar_format="{desc}: {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}{postfix}]",
+        )
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.bar is not None:

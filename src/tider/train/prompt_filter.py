@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -32,8 +32,10 @@ logger = logging.getLogger(__name__)
 
 def reward_scores(reward_fns, completions: Sequence[str], columns: dict) -> dict[str, np.ndarray]:
     """Each reward function's scores for ``completions``, by its registry name."""
-    return {fn.__name__: np.asarray(fn(prompts=None, completions=list(completions), **columns), dtype=np.float64)
-            for fn in reward_fns}
+    return {
+        fn.__name__: np.asarray(fn(prompts=None, completions=list(completions), **columns), dtype=np.float64)
+        for fn in reward_fns
+    }
 
 
 def weighted_rewards(reward_fns, weights: Sequence[float], completions: Sequence[str], columns: dict) -> np.ndarray:
@@ -42,9 +44,19 @@ def weighted_rewards(reward_fns, weights: Sequence[float], completions: Sequence
     return sum(float(w) * scores[fn.__name__] for fn, w in zip(reward_fns, weights))
 
 
-def informative_records(records: Sequence[dict], backend, reward_fns, weights: Sequence[float], *, samples: int,
-                        pool: int, temperature: float, max_tokens: int, seed: int = 0,
-                        chunk: int = 32) -> tuple[list[dict], dict]:
+def informative_records(
+    records: Sequence[dict],
+    backend,
+    reward_fns,
+    weights: Sequence[float],
+    *,
+    samples: int,
+    pool: int,
+    temperature: float,
+    max_tokens: int,
+    seed: int = 0,
+    chunk: int = 32,
+) -> tuple[list[dict], dict]:
     """``(kept records, report)``: of a seeded sample of ``pool`` records, those whose
     ``samples`` completions from ``backend`` (``generate_batch``) differ in reward."""
     if samples < 2:
@@ -55,22 +67,36 @@ def informative_records(records: Sequence[dict], backend, reward_fns, weights: S
     kept, spread = [], []
     per_chunk = max(1, chunk // samples)
     for i in range(0, len(candidates), per_chunk):
-        part = candidates[i: i + per_chunk]
+        part = candidates[i : i + per_chunk]
         batch = [r["prompt"] for r in part for _ in range(samples)]
-        texts = [c.text for c in backend.generate_batch(batch, max_tokens=max_tokens, temperature=temperature, seed=seed + i)]
+        texts = [
+            c.text for c in backend.generate_batch(batch, max_tokens=max_tokens, temperature=temperature, seed=seed + i)
+        ]
         scores = weighted_rewards(reward_fns, weights, texts, as_columns(part, samples)).reshape(len(part), samples)
         for record, row in zip(part, scores):
             spread.append(float(row.max() - row.min()))
             if spread[-1] > 1e-9:
                 kept.append(record)
     if not kept:
-        raise ValueError(f"prompt filter: none of {len(candidates)} prompts had a reward spread over {samples} samples; "
-                         "raise temperature or filter_samples, or turn the filter off")
-    report = {"pool": len(candidates), "kept": len(kept), "samples": samples, "temperature": temperature,
-              "kept_share": len(kept) / len(candidates),
-              "mean_spread": float(np.mean(spread)),
-              "kept_by_category": dict(Counter(r.get("category", "") for r in kept)),
-              "pool_by_category": dict(Counter(r.get("category", "") for r in candidates))}
-    logger.info("prompt filter: kept %d of %d prompts (%.0f%%) with a reward spread over %d samples",
-                len(kept), len(candidates), 100 * report["kept_share"], samples)
+        raise ValueError(
+            f"prompt filter: none of {len(candidates)} prompts had a reward spread over {samples} samples; "
+            "raise temperature or filter_samples, or turn the filter off"
+        )
+    report = {
+        "pool": len(candidates),
+        "kept": len(kept),
+        "samples": samples,
+        "temperature": temperature,
+        "kept_share": len(kept) / len(candidates),
+        "mean_spread": float(np.mean(spread)),
+        "kept_by_category": dict(Counter(r.get("category", "") for r in kept)),
+        "pool_by_category": dict(Counter(r.get("category", "") for r in candidates)),
+    }
+    logger.info(
+        "prompt filter: kept %d of %d prompts (%.0f%%) with a reward spread over %d samples",
+        len(kept),
+        len(candidates),
+        100 * report["kept_share"],
+        samples,
+    )
     return kept, report

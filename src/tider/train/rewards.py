@@ -26,18 +26,20 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
+
+from dateutil.parser import isoparse
 
 from tider import scoring
-from tider.scoring import answer_tokens
 from tider.forest.linearize import render_flat
 from tider.forest.prompts import reader_messages
 from tider.llm.jsonout import strip_think
 from tider.locator.parse import ParseFailure, ParseResult, parse_prediction
 from tider.registry import Registry
+from tider.scoring import answer_tokens
 from tider.types import NON_TEMPORAL, Dataset, Window, WindowPrediction
-from dateutil.parser import isoparse
 
 logger = logging.getLogger(__name__)
 RewardFn = Callable[..., list[float]]
@@ -57,7 +59,7 @@ class RewardContext:
     is built by the caller.
     """
 
-    dataset: Optional[Dataset] = None
+    dataset: Dataset | None = None
     retrieval_config: Any = None
     k: int = 20
     proximity_tau_units: float = 7.0  # tau in granularity units (7 days for day-scale data)
@@ -178,6 +180,7 @@ def proximity_score(pred: Sequence[Window], gold: Sequence[Window], granularity:
         return 1.0
     if not pred or not gold:
         return 0.0
+
     def s(d: float) -> float:
         return 2.0 / (1.0 + math.exp(min(d / tau_units, 700.0)))
 
@@ -251,20 +254,29 @@ def _answer_correct(completions, *, ctx, parsed, query_key, answer, log_metric=N
     client's bounded retries scores 0, is counted in ``reader/failures`` and is not cached
     (the next batch asks again)."""
     if ctx.reader is None:
-        raise ValueError("reward 'answer_correct' needs RewardContext(reader=LLMClient(...)); use 'answer_span' as the cheap proxy")
+        raise ValueError(
+            "reward 'answer_correct' needs RewardContext(reader=LLMClient(...)); use 'answer_span' as the cheap proxy"
+        )
     dataset = ctx.require_dataset("answer_correct")
     keys: list = []
     for p, qk, gold in zip(parsed, query_key, answer):
         ok = p.ok and bool(gold)
         keys.append((qk, tuple(ctx.retrieved("answer_correct", qk, p.prediction)[: ctx.k])) if ok else None)
     todo = list(dict.fromkeys(k for k in keys if k is not None and k not in ctx._answer_cache))
-    results = ctx.reader.chat_batch([_reader_messages(dataset, ctx.query("answer_correct", qk), ids) for qk, ids in todo],
-                                    stage="reward_reader") if todo else []
+    results = (
+        ctx.reader.chat_batch(
+            [_reader_messages(dataset, ctx.query("answer_correct", qk), ids) for qk, ids in todo], stage="reward_reader"
+        )
+        if todo
+        else []
+    )
     golds = {k: gold for k, gold in zip(keys, answer) if k is not None}
     scores, failures = {}, 0
     for key, result in zip(todo, results):
         # As in the QA answer stage: a failed call leaves its (usually empty) text, scored the same way.
-        scores[key] = scoring.answer_f1(strip_think(result.text).strip(), golds[key], ctx.query("answer_correct", key[0]).category)
+        scores[key] = scoring.answer_f1(
+            strip_think(result.text).strip(), golds[key], ctx.query("answer_correct", key[0]).category
+        )
         failures += not result.ok
         if result.ok:
             ctx._answer_cache[key] = scores[key]
@@ -280,7 +292,7 @@ def _reader_messages(dataset: Dataset, query, ids) -> list[dict]:
     return reader_messages("flat", query.text, query.user, context)
 
 
-def make_rewards(names: Sequence[str], context: Optional[RewardContext] = None) -> list[RewardFn]:
+def make_rewards(names: Sequence[str], context: RewardContext | None = None) -> list[RewardFn]:
     """TRL-ready reward callables for ``names`` (in order), named after the registry names."""
     context = context or RewardContext()
     unknown = [n for n in names if n not in REWARDS]
@@ -299,8 +311,13 @@ def _bind(name: str, ctx: RewardContext, log_failures: bool) -> RewardFn:
         if log_failures:
             _log_failures(parsed, log_metric, log_extra)
             # Per-rank record of what this process scored (the rank's log file only).
-            logger.info("rewards on rank %s: %d completions of prompts %s", os.environ.get("RANK", "0"), len(parsed),
-                        sorted(set(columns.get("query_key") or [])), extra={"file_only": True})
+            logger.info(
+                "rewards on rank %s: %d completions of prompts %s",
+                os.environ.get("RANK", "0"),
+                len(parsed),
+                sorted(set(columns.get("query_key") or [])),
+                extra={"file_only": True},
+            )
         columns.pop("trainer_state", None)
         return impl(completions, ctx=ctx, parsed=parsed, log_metric=log_metric, **columns)
 

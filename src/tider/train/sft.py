@@ -27,8 +27,9 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
 
     run = start_wandb_run(training_args, script_args.wandb_project)
     model_path = model_args.model_name_or_path
-    dataset, store, tokenizer, builder, splits = prepare(script_args, model_path, stage="sft", dataset=dataset, store=store,
-                                                          training_args=training_args)
+    dataset, store, tokenizer, builder, splits = prepare(
+        script_args, model_path, stage="sft", dataset=dataset, store=store, training_args=training_args
+    )
     train = to_hf(sft_records(splits["train"], builder), script_args.max_train_samples, ["prompt", "completion"])
     evaluate = training_args.eval_strategy != "no"
     val = None
