@@ -221,7 +221,7 @@ def test_truncated_json_names_file_and_position(tmp_path):
 
 
 def test_unknown_dataset_lists_known_names():
-    with pytest.raises(ValueError, match="known: \\['jsonl', 'locomo', 'longmemeval', 'synthetic'\\]"):
+    with pytest.raises(ValueError, match="known: \\['jsonl', 'locomo', 'longmemeval', 'realmem', 'synthetic'\\]"):
         load_dataset("locomo2", "x")
 
 

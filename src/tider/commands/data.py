@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-DATASET_NAMES = ["locomo", "longmemeval", "jsonl", "synthetic"]
+from tider.data import LOADERS
+
+DATASET_NAMES = sorted(LOADERS)
 
 
 def register(subparsers) -> None:

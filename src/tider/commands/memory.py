@@ -1,12 +1,14 @@
 """`tider memory serve|import`: the HTTP memory service and building stores from benchmarks.
 
 tider memory serve --path DIR [--host 127.0.0.1] [--port 8100] [--locator-url URL | --locator-model PATH]
-tider memory import --dataset {locomo,longmemeval,jsonl,synthetic} [--path P] --out DIR
+tider memory import --dataset {jsonl,locomo,longmemeval,realmem,synthetic} [--path P] --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
+
+from tider.data import LOADERS
 
 
 def register(subparsers) -> None:
@@ -26,7 +28,7 @@ def register(subparsers) -> None:
     )
     serve.set_defaults(func=run_serve)
     imp = sub.add_parser("import", help="build one store per conversation of a benchmark")
-    imp.add_argument("--dataset", required=True, choices=["locomo", "longmemeval", "jsonl", "synthetic"])
+    imp.add_argument("--dataset", required=True, choices=sorted(LOADERS))
     imp.add_argument("--path", default=None, help="dataset file or directory (synthetic: optional)")
     imp.add_argument("--out", required=True, help="directory to create the stores in")
     imp.add_argument("--limit", type=int, default=None, help="first N conversations only")

@@ -20,6 +20,7 @@ LOCOMO_CATEGORIES = {"1": "multi-hop", "2": "temporal", "3": "open-domain", "4":
 LOADERS: dict[str, str] = {
     "locomo": "tider.data.locomo:load_locomo",
     "longmemeval": "tider.data.longmemeval:load_longmemeval",
+    "realmem": "tider.data.realmem:load_realmem",
     "jsonl": "tider.data.jsonl:load_jsonl",
     "synthetic": "tider.data.synth:load_synthetic",
 }
