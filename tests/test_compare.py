@@ -59,6 +59,33 @@ def test_oracle_gap_undefined_without_gain():
     assert oracle_gap({"none": {}, "locator": {}}, [5]) == {}
 
 
+def test_a_combined_dataset_gets_a_table_per_dataset(tiny_qwen3_dir, tmp_path):
+    """Two datasets as one (``tider.data.combine``): the pooled comparison, and the same
+    table per dataset from the same records (each dataset's rows add up to the pool)."""
+    from tider.data import combine
+    from tider.data.synth import generate
+    from tider.eval.compare import run_compare
+
+    a = generate(300, seed=1, n_conversations=1, key_prefix="a")
+    b = generate(300, seed=2, n_conversations=1, key_prefix="b")
+    a.name, b.name = "first", "second"
+    both = combine([a, b])
+    config = CompareConfig(
+        baselines=["none", "top-day"],
+        limit=None,
+        source_options={"locator": {"model": str(tiny_qwen3_dir), "allow_unknown_settings": True}},
+    )
+    config.memory_keys = sorted(both.memories)
+    comparison = run_compare(both, config, tmp_path / "cmp", progress=False)
+    parts = comparison["per_dataset"]
+    assert set(parts) == {"first", "second"}
+    assert parts["first"]["n_queries"] + parts["second"]["n_queries"] == comparison["n_queries"]
+    for m in ("none", "top-day", "oracle"):  # hit_all@20 is a mean over queries: the parts add up to the pool
+        pooled = comparison["table"][m]["hit_all@20"] * comparison["n_queries"]
+        assert sum(p["table"][m]["hit_all@20"] * p["n_queries"] for p in parts.values()) == pytest.approx(pooled)
+    assert "## Locator vs baselines (first" in (tmp_path / "cmp" / "compare.md").read_text()
+
+
 def test_compare_needs_the_locator():
     with pytest.raises(ValueError, match="needs the locator"):
         CompareConfig().methods
@@ -98,7 +125,16 @@ def test_compare_cli_end_to_end_and_resume(tiny_qwen3_dir, synthetic_dir, tmp_pa
     ]
     assert main(argv) == 0
     comparison = json.loads((out / "compare.json").read_text())
-    assert comparison["methods"] == ["none", "rules", "dbscan-paper", "dbscan-tuned", "timeline", "locator", "oracle"]
+    assert comparison["methods"] == [
+        "none",
+        "rules",
+        "top-day",
+        "dbscan-paper",
+        "dbscan-tuned",
+        "timeline",
+        "locator",
+        "oracle",
+    ]
     assert comparison["n_queries"] == 8
     table = comparison["table"]
     # An untrained locator writes no parseable JSON: every query falls back to the
@@ -107,11 +143,20 @@ def test_compare_cli_end_to_end_and_resume(tiny_qwen3_dir, synthetic_dir, tmp_pa
     assert comparison["mcnemar"]["locator_vs"]["none"] == {"b": 0, "c": 0, "p": 1.0, "n": 8}
     assert table["locator"]["parse_fail"] == 1.0 and "parse_fail" not in table["none"]
     assert table["oracle"]["window_iou"] == 1.0 and table["oracle"]["switch_acc"] == 1.0
-    assert set(comparison["mcnemar"]["locator_vs"]) == {"none", "rules", "dbscan-paper", "dbscan-tuned", "timeline"}
+    assert set(comparison["mcnemar"]["locator_vs"]) == {
+        "none",
+        "rules",
+        "top-day",
+        "dbscan-paper",
+        "dbscan-tuned",
+        "timeline",
+    }
     for name in ("compare.md", "compare.png", "retrieval/recall_at_k.png", "retrieval/report.json"):
         assert (out / name).exists(), name
     printed = capsys.readouterr().out
     assert "locator" in printed and "Oracle gap" in printed
+    # every output failed to parse: the command says so loudly
+    assert "WARNING: locator: 100% of its outputs did not parse" in printed
 
     stage = out / "retrieval" / "retrieve-locator.jsonl"
     lines = stage.read_text().splitlines()

@@ -17,12 +17,16 @@ def register(eval_subparsers) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--dataset", required=True, help="dataset loader name (locomo, longmemeval, jsonl, synthetic)")
-    p.add_argument("--path", default=None, help="dataset file or directory")
+    p.add_argument(
+        "--dataset",
+        required=True,
+        help="dataset loader name (locomo, realmem, longmemeval, jsonl, synthetic); a,b for several",
+    )
+    p.add_argument("--path", default=None, help="dataset file or directory (comma-separated, one per dataset)")
     p.add_argument("--out", required=True, help="run directory (retrieval/, qa/, compare.json/md/png); resumable")
     p.add_argument(
         "--baselines",
-        default="none,rules,dbscan-paper,dbscan-tuned,timeline",
+        default="none,rules,top-day,dbscan-paper,dbscan-tuned,timeline",
         help="learning-free window sources; NAME@MODE overrides the semantic channel",
     )
     p.add_argument("--no-oracle", action="store_true", help="leave out the gold-window upper bound")
@@ -38,9 +42,13 @@ def register(eval_subparsers) -> None:
         "--split",
         default="test",
         choices=["train", "validation", "test", "heldout", "all"],
-        help="conversation-level split to evaluate (the locator trains on 'train'); heldout = validation + test; all = every memory",
+        help="conversation-level split to evaluate (the locator trains on 'train'); "
+        "heldout = validation + test; all = every memory",
     )
     p.add_argument("--split-seed", type=int, default=0, help="seed of the split (the training recipe's split_seed)")
+    p.add_argument(
+        "--memories", default=None, help="comma-separated memory keys to evaluate (a fixed split's; overrides --split)"
+    )
     p.add_argument("--exclude-categories", default="5,adversarial", help="query categories to skip ('' keeps all)")
     p.add_argument("--limit", type=int, default=None, help="first N eligible queries (smoke runs)")
     p.add_argument("--overwrite", action="store_true", help="discard earlier records in --out and start over")
@@ -79,14 +87,17 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tider.commands.eval_retrieval import load_retrieval_config
-    from tider.data import load_dataset
+    from tider.data import load_datasets
     from tider.eval.compare import CompareConfig, markdown, run_compare
     from tider.train.examples import memory_keys_of
 
     options = window_source_options(args)
     require_options_for(["locator"], options)
-    dataset = load_dataset(args.dataset, args.path)
-    memory_keys = memory_keys_of(dataset.memories, args.split, seed=args.split_seed)
+    dataset = load_datasets(args.dataset, args.path)
+    if args.memories:
+        memory_keys = split_csv(args.memories)
+    else:
+        memory_keys = memory_keys_of(dataset.memories, args.split, seed=args.split_seed)
     config = CompareConfig(
         baselines=split_csv(args.baselines),
         source_options=options,
@@ -121,4 +132,25 @@ def run(args: argparse.Namespace) -> int:
         f"report: {Path(args.out) / 'compare.md'}, plots: {Path(args.out) / 'compare.png'}, "
         f"{Path(args.out) / 'retrieval'}/*.png"
     )
+    warn_parse_failures(comparison, console)
     return 0
+
+
+PARSE_FAILURE_WARNING = 0.1  # above this share of unusable outputs, the locator row mostly measures the fallback
+
+
+def warn_parse_failures(comparison: dict, console) -> list[str]:
+    """A loud warning for each model-backed source whose outputs failed to parse more than a
+    tenth of the time: those queries fell back to no windows, so its row is mostly ``none``'s."""
+    warnings = []
+    for method, row in comparison["table"].items():
+        rate = row.get("parse_fail")
+        if rate is not None and rate > PARSE_FAILURE_WARNING:
+            warnings.append(
+                f"WARNING: {method}: {rate:.0%} of its outputs did not parse (more than {PARSE_FAILURE_WARNING:.0%}); "
+                f"those queries took the semantic path, so this row mostly measures 'none'. Is the model trained "
+                f"for this prompt version and data? See {method}'s parse_failure counts in the retrieval records."
+            )
+    for line in warnings:
+        console.print(line, style="bold red", markup=False, soft_wrap=True)
+    return warnings

@@ -9,8 +9,10 @@ reports into one comparison:
 - one table: recall@k, nDCG@20, MRR, window IoU, switch accuracy (+ QA accuracy/F1);
 - per query category and per gold-window bucket (recall@20, window IoU);
 - exact McNemar (all-evidence hit@20) between ``locator`` and each learning-free baseline:
-  both DBSCAN variants, ``timeline``, and ``none`` — which with the default hybrid
-  semantic channel is the strongest semantic-only retriever (``--semantic`` changes it);
+  ``rules``, ``top-day``, both DBSCAN variants, ``timeline``, and ``none`` — which with the
+  default hybrid semantic channel is the strongest semantic-only retriever;
+- for a dataset combined from several (``tider.data.combine``), the same table and McNemar
+  per dataset (``per_dataset``), from the same per-query records;
 - the oracle gap: the share of the none -> oracle recall@k gain the locator captures,
   ``(locator - none) / (oracle - none)``;
 - ``compare.json``, ``compare.md`` and ``compare.png``, next to the harness's own plots.
@@ -23,12 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tider.data import MEMORIES_OF
 from tider.eval.retrieval import DEFAULT_EXCLUDE, RetrievalEvalConfig, run_retrieval_eval
 from tider.eval.stats import mcnemar_markdown
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset
 
-LEARNING_FREE = ("none", "rules", "dbscan-paper", "dbscan-tuned", "timeline")
+LEARNING_FREE = ("none", "rules", "top-day", "dbscan-paper", "dbscan-tuned", "timeline")
 LEARNED = "locator"
 
 
@@ -160,15 +163,28 @@ def table_columns(comparison: dict) -> list[str]:
     return cols + ["n"]
 
 
-def markdown(comparison: dict) -> str:
+def table_markdown(comparison: dict, heading: str = "#") -> list[str]:
+    """The comparison table and its McNemar section."""
     cols = table_columns(comparison)
     lines = [
-        f"# Locator vs baselines ({comparison['dataset']}, {comparison['n_queries']} queries)",
+        f"{heading} Locator vs baselines ({comparison['dataset']}, {comparison['n_queries']} queries)",
         "",
         "| method | " + " | ".join(cols) + " |",
         "|---" * (len(cols) + 1) + "|",
     ]
     lines += [f"| {m} | " + " | ".join(_f(row.get(c)) for c in cols) + " |" for m, row in comparison["table"].items()]
+    return lines + mcnemar_markdown(
+        f"Exact McNemar, locator vs each learning-free baseline ({comparison['mcnemar']['metric']})",
+        "baseline",
+        comparison["mcnemar"]["locator_vs"],
+        "b = locator hits and the baseline misses, c = the reverse.",
+    )
+
+
+def markdown(comparison: dict) -> str:
+    lines = table_markdown(comparison)
+    for part in comparison.get("per_dataset", {}).values():
+        lines += ["", *table_markdown(part, "##")]
     gap = comparison["oracle_gap"]
     if gap:
         lines += [
@@ -182,12 +198,6 @@ def markdown(comparison: dict) -> str:
             f"| {k} | {_f(v['none'])} | {_f(v['locator'])} | {_f(v['oracle'])} | {_f(v['captured'])} |"
             for k, v in gap.items()
         ]
-    lines += mcnemar_markdown(
-        f"Exact McNemar, locator vs each learning-free baseline ({comparison['mcnemar']['metric']})",
-        "baseline",
-        comparison["mcnemar"]["locator_vs"],
-        "b = locator hits and the baseline misses, c = the reverse.",
-    )
     for title, key in (("By category", "by_category"), ("By gold-window bucket", "by_bucket")):
         groups = list(dict.fromkeys(g for per in comparison[key].values() for g in per))
         metric = f"recall@{comparison['k_main']}"
@@ -234,6 +244,33 @@ def plot(comparison: dict, path: str | Path) -> Path:
     path = Path(path)
     fig.savefig(path, dpi=120)
     return path
+
+
+def per_dataset(dataset: Dataset, groups: dict, run_dir: Path, config: CompareConfig, pooled: dict) -> dict:
+    """The comparison of each dataset a combined one came from, from the pooled run's records."""
+    from tider.eval.report import build_report
+    from tider.eval.runner import read_records
+
+    where = {key: name for name, keys in groups.items() for key in keys}
+    memory_of = {q.key: q.memory_key for q in dataset.queries}
+    records = {
+        m: {k: r["record"] for k, r in read_records(run_dir / f"retrieve-{m}.jsonl").items() if r.get("status") == "ok"}
+        for m in pooled["methods"]
+    }
+    out = {}
+    for name in groups:
+        part = {m: {k: r for k, r in rs.items() if where.get(memory_of.get(k)) == name} for m, rs in records.items()}
+        if not any(part.values()):
+            continue
+        report = build_report(part, pooled["ks"], config.mcnemar_k)
+        report["n_queries"], report["dataset"] = len(next(iter(part.values()))), name
+        failures = {
+            m: sum(r.get("parse_failure") is not None for r in rs.values()) / len(rs)
+            for m, rs in part.items()
+            if rs and "parse_failure" in next(iter(rs.values()))
+        }
+        out[name] = build_comparison(report, config, parse_failures=failures)
+    return out
 
 
 def run_compare(
@@ -293,6 +330,9 @@ def run_compare(
     comparison = build_comparison(
         retrieval_report, config, qa_report, parse_failures=parse_failure_rates(out / "retrieval", methods)
     )
+    groups = dataset.stats.get(MEMORIES_OF)
+    if groups:
+        comparison["per_dataset"] = per_dataset(dataset, groups, out / "retrieval", config, retrieval_report)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(comparison, indent=2))
     (out / "compare.md").write_text(markdown(comparison))

@@ -58,6 +58,9 @@ class LocatorScriptArguments:
     prompt_system_message: bool = field(
         default=True, metadata={"help": "Send the locator instructions as a system message."}
     )
+    prompt_question_words: int = field(
+        default=PromptSettings().question_words, metadata={"help": "The question is clipped to this many words."}
+    )
     max_prompt_tokens: int = field(
         default=PromptSettings().max_prompt_tokens,
         metadata={"help": "Prompt token budget; the least-needed timeline lines are dropped to fit."},
@@ -92,6 +95,7 @@ class LocatorScriptArguments:
             lines=LineConfig(max_lines=self.prompt_lines),
             max_prompt_tokens=self.max_prompt_tokens,
             system_prompt=self.prompt_system_message,
+            question_words=self.prompt_question_words,
         )
 
 

@@ -42,25 +42,36 @@ def start_wandb_run(training_args, project: str):
 
 
 def load_training_dataset(script_args) -> Dataset:
-    """The benchmark, plus ``synthetic_train_conversations`` train-only conversations."""
-    from tider.data import load_datasets
+    """The recipe's data (``dataset_name``/``dataset_path``, comma-separated for several),
+    plus ``synthetic_train_conversations`` train-only conversations."""
+    from tider.data import combine
 
-    if script_args.dataset_name == "synthetic" and script_args.dataset_path is None and script_args.synthetic_messages:
-        from tider.data.synth import generate
-
-        dataset = generate(
-            script_args.synthetic_messages,
-            seed=script_args.dataset_seed,
-            n_conversations=script_args.synthetic_conversations,
-        )
-    else:
-        options = {"seed": script_args.dataset_seed} if script_args.dataset_name == "synthetic" else {}
-        dataset = load_datasets(script_args.dataset_name, script_args.dataset_path, **options)
+    names = [n.strip() for n in script_args.dataset_name.split(",")]
+    paths = [p.strip() or None for p in (script_args.dataset_path or "").split(",")]
+    if len(paths) < len(names):
+        paths += [None] * (len(names) - len(paths))
+    dataset = combine([_load_one(script_args, name, path) for name, path in zip(names, paths)])
     if script_args.synthetic_train_conversations:
         dataset = with_train_conversations(
             dataset, script_args.synthetic_train_conversations, script_args.synthetic_train_seed
         )
     return dataset
+
+
+def _load_one(script_args, name: str, path: str | None) -> Dataset:
+    from tider.data import load_dataset
+
+    if name != "synthetic" or path is not None:
+        return load_dataset(name, path)
+    if script_args.synthetic_messages:
+        from tider.data.synth import generate
+
+        return generate(
+            script_args.synthetic_messages,
+            seed=script_args.dataset_seed,
+            n_conversations=script_args.synthetic_conversations,
+        )
+    return load_dataset("synthetic", seed=script_args.dataset_seed)
 
 
 def with_train_conversations(dataset: Dataset, n: int, seed: int) -> Dataset:
@@ -69,7 +80,8 @@ def with_train_conversations(dataset: Dataset, n: int, seed: int) -> Dataset:
     from tider.data.synth import generate
     from tider.train.examples import TRAIN_ONLY
 
-    if seed == getattr(dataset, "stats", {}).get("seed"):
+    seeds = [dataset.stats.get("seed")] + [v.get("seed") for v in dataset.stats.values() if isinstance(v, dict)]
+    if seed in seeds:
         raise ValueError(
             f"synthetic_train_seed {seed} is the benchmark's own seed: train-only conversations must differ"
         )
