@@ -10,9 +10,7 @@ Stages (each skipped when its output exists, so an interrupted run resumes):
 2. SFT (configs/sft/tiny-pretrain.yaml on this data, ``--sft-steps``) of a from-scratch tiny Qwen3,
    then its answer-only phase (configs/sft/tiny-pretrain-answer.yaml, ``--answer-steps``), as
    the shipped start is made;
-3. GRPO (configs/grpo/tiny-cpu.yaml, ``--grpo-steps``) from the SFT checkpoint; with
-   ``--filter-samples N`` only on the train prompts whose N samples from the SFT model
-   differ in reward (``tider.train.prompt_filter``);
+3. GRPO (configs/grpo/tiny-cpu.yaml, ``--grpo-steps``) from the SFT checkpoint;
 4. held-out composite reward: greedy SFT and GRPO completions on the test split scored by
    the GRPO reward functions themselves (composite = the recipe's reward_weights); paired
    bootstrap of GRPO - SFT; the same for the sampled policy (``--held-out-samples``
@@ -150,8 +148,7 @@ def prompted(model: str, queries, dataset, store, names, weights):
     tables)``: each reward of those completions by name, and their weighted ``composite``
     (the recipe's reward_weights)."""
     from tider.locator.sources import make_source
-    from tider.train.prompt_filter import reward_scores
-    from tider.train.rewards import RewardContext, make_rewards
+    from tider.train.rewards import RewardContext, make_rewards, reward_scores
 
     source = make_source("locator", model=model, batch_size=32, max_tokens=64)
     tables = source.inputs(
@@ -187,8 +184,7 @@ def sampled_rewards(
 def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, weights) -> tuple[list[dict], list[str]]:
     """Greedy completions of ``model_dir`` on ``queries``, scored by the GRPO rewards."""
     from tider.locator.sources import make_source
-    from tider.train.prompt_filter import reward_scores
-    from tider.train.rewards import RewardContext, make_rewards
+    from tider.train.rewards import RewardContext, make_rewards, reward_scores
 
     source = make_source("locator", model=str(model_dir), batch_size=16, max_tokens=64)
     texts, tables = [], []
@@ -275,14 +271,6 @@ def parse_args(argv):
         action="store_true",
         help="ablation rows at a reduced budget: SFT, then the comparison of the SFT checkpoint (no GRPO)",
     )
-    ap.add_argument(
-        "--filter-samples",
-        type=int,
-        default=0,
-        help="informative-prompt filter before GRPO (tider.train.prompt_filter): samples per prompt "
-        "(0 = off, the default: at 8 it did not beat SFT either; README)",
-    )
-    ap.add_argument("--filter-pool", type=int, default=1024, help="candidate train prompts the filter samples")
     ap.add_argument(
         "--held-out-samples",
         type=int,
@@ -390,10 +378,6 @@ def main(argv=None) -> int:
             "false",
             *rewards,
             *data,
-            "--filter_samples",
-            str(args.filter_samples),
-            "--filter_pool",
-            str(args.filter_pool),
             *grpo_eval_args(args),
             *shlex.split(args.grpo_args),
         ],
@@ -483,11 +467,6 @@ def main(argv=None) -> int:
         },
         "grpo_quarters": None if args.sft_only else grpo_quarters(grpo_dir, names),
         "grpo_eval": None if args.sft_only else grpo_eval_curve(grpo_dir, names),
-        "prompt_filter": (
-            json.loads((grpo_dir / "prompt_filter.json").read_text())
-            if (grpo_dir / "prompt_filter.json").exists()
-            else None
-        ),
         "compare": {"table": comparison["table"], "mcnemar": comparison["mcnemar"]},
         "check_seed": None
         if check is None
