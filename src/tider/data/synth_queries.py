@@ -298,7 +298,3 @@ class Questions:
     def non_temporal(self):
         person, fact, value, ref = self.rng.choice(self.c.facts)
         return self.rng.choice(FACT_ASKS).format(who=person, fact=fact), value, [ref], None
-
-
-def asked_day_ok(asked: date | None, start: date) -> bool:
-    return asked is None or asked >= start
