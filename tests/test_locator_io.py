@@ -32,7 +32,7 @@ def _timeline(n_days: int = 20):
     one entry per message; embeddings that make offsite reports the relevant ones."""
     import numpy as np
 
-    from tider.retrieval.timeline import ExtractiveSummarizer, Timeline
+    from tider.retrieval.timeline import Timeline
     from tider.types import Memory, Message
 
     msgs = [
@@ -48,9 +48,7 @@ def _timeline(n_days: int = 20):
     ]
     memory = Memory("m1", msgs)
     emb = np.array([[1.0, 0.0] if i % 2 == 0 else [0.0, 1.0] for i in range(n_days)], dtype=np.float32)
-    return memory, Timeline(
-        memory, list(range(n_days)), emb, emb, summarizer=ExtractiveSummarizer()
-    )  # one entry a message
+    return memory, Timeline(memory, list(range(n_days)), emb, emb)  # one entry a message
 
 
 def _input(settings=None, tokenizer=None, asked=datetime(2023, 5, 10, 18)):

@@ -118,7 +118,7 @@ def test_store_coverage_is_what_the_windows_retrieve(crowded):
 def test_store_sources(toy):
     store, q = toy
     entries = store.timeline("toy").top_k(q.text, 2)
-    assert len(entries) == 2 and entries[0].summary
+    assert len(entries) == 2 and entries[0].member_ids
     tl = make_source("timeline", top_m=2).predict(q.public(), store.memory("toy"), store.timeline("toy"))
     assert tl.temporal and tl.windows == tuple(sorted({e.window for e in entries}))
     # seeds come from the store's BM25 index (name "Bo" matches even ids, 40 days apart): > eps, no windows
