@@ -221,3 +221,23 @@ def test_truncation_ablation_holds_the_budget(synth, tmp_path):
     assert report["variant"]["compression"] == "truncate"
     for row in read_records(tmp_path / "compress-oracle-forest.jsonl").values():
         assert 0 < row["record"]["tokens"] <= 60 and row["record"]["context"].startswith("TREE 1")
+
+
+def test_the_qa_defaults_are_qa_configs(monkeypatch):
+    """`tider eval qa` with no options runs QAConfig(); TemporalMemory.context's budget and
+    top_n are QAConfig's too (one place for each QA default)."""
+    import argparse
+
+    import tider.memory.context as context_module
+    from tider.commands import eval_qa
+    from tider.memory import TemporalMemory
+
+    parser = argparse.ArgumentParser()
+    eval_qa.register(parser.add_subparsers())
+    args = parser.parse_args(["qa", "--dataset", "synthetic", "--out", "unused"])
+    as_json = lambda config: json.loads(json.dumps(config.to_json()))
+    assert as_json(eval_qa._qa_config(args)) == as_json(QAConfig())
+    seen = {}
+    monkeypatch.setattr(context_module, "build_context", lambda *a: seen.update(budget=a[7], top_n=a[8]))
+    TemporalMemory(None, embedder=object()).context("what happened?")
+    assert seen == {"budget": QAConfig().budget, "top_n": QAConfig().top_n}
