@@ -29,8 +29,7 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_learning as bl
+from benchlib import benchmark_split
 
 
 def direction(question: str) -> str:
@@ -114,7 +113,7 @@ def main(argv=None) -> int:
     from tider.train.examples import PromptBuilder, gold_answer
 
     start = stage_dir(Path(args.runs[0].partition(":")[0]), "sft") if args.runs else "unused"
-    g_args, _, dataset, store, splits = bl.benchmark_split(start, "+marks")  # bench_learning's split
+    g_args, _, dataset, store, splits = benchmark_split(start, "+marks")  # bench_learning's split
     test = splits["test"]
     builder = PromptBuilder(dataset, store, settings=g_args.prompt_settings())  # +marks tables: targets as marks
     result = {

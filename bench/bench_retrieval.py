@@ -35,29 +35,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
+from benchlib import hardware, load
 
 T0 = datetime(2021, 1, 1)
-
-
-def hardware() -> str:
-    try:
-        from tider.hardware import describe  # the project's own description, where it exists
-
-        return describe()
-    except ImportError:
-        model = next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            "unknown CPU",
-        )
-        return f"{model}, {os.cpu_count()} cores visible, no GPU used"
-
-
-def load() -> str:
-    return Path("/proc/loadavg").read_text().split()[0]
 
 
 def rss_mb() -> float:

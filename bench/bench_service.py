@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from benchlib import hardware, load
 
 
 def free_port() -> int:
@@ -43,9 +44,6 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=300)
     parser.add_argument("--out", default="runs/bench_service.json")
     args = parser.parse_args()
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_retrieval import hardware, load
 
     ds = load_dataset("synthetic")
     key = sorted(ds.memories)[0]
