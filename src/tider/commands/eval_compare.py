@@ -38,7 +38,8 @@ def register(eval_subparsers) -> None:
         "--split",
         default="test",
         choices=["train", "validation", "test", "heldout", "all"],
-        help="conversation-level split to evaluate (the locator trains on 'train'); heldout = validation + test; all = every memory",
+        help="conversation-level split to evaluate (the locator trains on 'train'); "
+        "heldout = validation + test; all = every memory",
     )
     p.add_argument("--split-seed", type=int, default=0, help="seed of the split (the training recipe's split_seed)")
     p.add_argument("--exclude-categories", default="5,adversarial", help="query categories to skip ('' keeps all)")

@@ -8,7 +8,6 @@ bad input raises ``DatasetError`` naming the file and the record.
 from __future__ import annotations
 
 import importlib
-from typing import Optional
 
 from tider.data.errors import DatasetError
 from tider.data.gold import gold_windows

@@ -36,6 +36,7 @@ Deterministic by seed: each conversation draws from its own ``random.Random``.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -207,7 +208,7 @@ class _Conversation:
             # One instance per equal slice of the span (a recurring event, not a random
             # clump), so "last week" / "in March" often name exactly one instance.
             cuts = [round(i * self.n_days / count) for i in range(count + 1)]
-            days = [self.start + timedelta(days=rng.randrange(lo, hi)) for lo, hi in zip(cuts, cuts[1:])]
+            days = [self.start + timedelta(days=rng.randrange(lo, hi)) for lo, hi in itertools.pairwise(cuts)]
             instances = []
             for day in days:
                 value, hour, minute = rng.choice(values), rng.randint(9, 16), rng.randint(0, 40)
@@ -251,7 +252,7 @@ class _Conversation:
         rng = self.rng
         last_day = self.start + timedelta(days=self.n_days - 1)
         for project, param in rng.sample(pairs, min(len(pairs), max(1, round(2 * scale)))):
-            first, second = rng.sample(PARAMS[param], 2)
+            first, _ = rng.sample(PARAMS[param], 2)  # sampling two keeps the benchmark's rng stream
             day = self._day(0, max(0, self.n_days // 8))
             steps = [(day, "proposal", f"proposal: set the {param} of project {project} to {first}", first)]
             value, revisions = first, max(1, round(24 * per_reference))

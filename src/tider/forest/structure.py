@@ -104,7 +104,31 @@ class RelationClassifier:
 
 
 STATE_CHANGE_CUES = frozenset(
-    ["now", "changed", "change", "instead", "longer", "moved", "switched", "updated", "new", "finally", "decided", "started", "stopped", "quit", "became", "anymore", "replaced", "postponed", "moved", "cancelled", "canceled", "rescheduled", "actually"]
+    [
+        "now",
+        "changed",
+        "change",
+        "instead",
+        "longer",
+        "moved",
+        "switched",
+        "updated",
+        "new",
+        "finally",
+        "decided",
+        "started",
+        "stopped",
+        "quit",
+        "became",
+        "anymore",
+        "replaced",
+        "postponed",
+        "moved",
+        "cancelled",
+        "canceled",
+        "rescheduled",
+        "actually",
+    ]
 )
 
 

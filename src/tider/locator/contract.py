@@ -111,7 +111,8 @@ def drop_removed_settings(data: dict, where: str) -> dict:
         if recorded[key] != shipped:
             raise LocatorContractError(
                 f"{where}: {path} is {recorded[key]!r}, an option this code no longer has (only its shipped "
-                f"value {shipped!r} still loads); the last commit that supports it is {commit} (run it there, or retrain)"
+                f"value {shipped!r} still loads); the last commit that supports it is {commit} "
+                "(run it there, or retrain)"
             )
         data = {**data, section: {k: v for k, v in recorded.items() if k != key}}
     return data
