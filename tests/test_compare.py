@@ -61,7 +61,7 @@ def test_oracle_gap_undefined_without_gain():
 
 def test_compare_needs_the_locator():
     with pytest.raises(ValueError, match="needs the locator"):
-        CompareConfig().methods
+        _ = CompareConfig().methods
 
 
 @pytest.fixture(scope="module")

@@ -151,7 +151,7 @@ def test_anchored_questions_name_exactly_one_instance(data):
         )
         days = _instance_days(memory, _event(q.text))
         if direction == "after":
-            expected = [d for d in days if d > anchor][0]
+            expected = next(d for d in days if d > anchor)
         elif direction == "before":
             expected = [d for d in days if d < anchor][-1]
         else:

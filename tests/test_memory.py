@@ -20,7 +20,22 @@ from tider.retrieval.config import RetrievalConfig
 from tider.types import NON_TEMPORAL, Window, WindowPrediction
 
 T0 = datetime(2023, 1, 2, 9, 0)
-WORDS = ["offsite", "budget", "launch", "design", "review", "roadmap", "lunch", "demo", "hiring", "retro", "bug", "release", "plan", "vote"]
+WORDS = [
+    "offsite",
+    "budget",
+    "launch",
+    "design",
+    "review",
+    "roadmap",
+    "lunch",
+    "demo",
+    "hiring",
+    "retro",
+    "bug",
+    "release",
+    "plan",
+    "vote",
+]
 DIM = 16
 
 
@@ -135,9 +150,11 @@ def test_reopen_answers_identically_without_the_embedder(tmp_path):
     reopened.close()
     with pytest.raises(StoreError, match="built with embed_template"):
         TemporalMemory(tmp_path / "s", config=RetrievalConfig(embed_template="{text}"), embedder=NoEmbedder())
-    with TemporalMemory(tmp_path / "s", embedder=NoEmbedder()):
-        with pytest.raises(StoreError, match="open in another process"):
-            TemporalMemory(tmp_path / "s", embedder=NoEmbedder())
+    with (
+        TemporalMemory(tmp_path / "s", embedder=NoEmbedder()),
+        pytest.raises(StoreError, match="open in another process"),
+    ):
+        TemporalMemory(tmp_path / "s", embedder=NoEmbedder())
 
 
 def test_a_store_recording_a_removed_timeline_setting_opens(tmp_path):

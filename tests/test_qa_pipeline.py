@@ -34,19 +34,19 @@ def tiny_client(tiny_qwen3_dir):
 def _config(synth, **kw):
     # Queries with gold windows, so the oracle source exercises evidence selection.
     first = next(iter(synth.memories))
-    base = dict(
-        windows=("oracle",),
-        contexts=("flat", "forest"),
-        k=6,
-        top_n=8,
-        budget=75,
-        classifier="lexical",
-        limit=3,
-        memory_keys=[first],
-        select_max_tokens=12,
-        answer_max_tokens=6,
-        judge_max_tokens=4,
-    )
+    base = {
+        "windows": ("oracle",),
+        "contexts": ("flat", "forest"),
+        "k": 6,
+        "top_n": 8,
+        "budget": 75,
+        "classifier": "lexical",
+        "limit": 3,
+        "memory_keys": [first],
+        "select_max_tokens": 12,
+        "answer_max_tokens": 6,
+        "judge_max_tokens": 4,
+    }
     base.update(kw)
     return QAConfig(**base)
 

@@ -136,7 +136,7 @@ def test_oracle_beats_none_on_a_locomo_slice():
     from tider.memory import MemoryCollection
 
     full = load_dataset("locomo", str(LOCOMO))
-    key = sorted(full.memories)[0]
+    key = min(full.memories)
     queries = eligible_queries(full, memory_keys=[key], limit=80)
     store = MemoryCollection({key: full.memories[key]})
     oracle = quick_eval(store, make_source("oracle", gold_by_key=gold_predictions(queries)), queries)
