@@ -50,7 +50,7 @@ def first_mark(answer: str, prompt: str) -> str:
     if "mark" in window:
         return str(window["mark"])
     if "entry" in window:
-        line = re.search(r"^([^\n]*)\| L%d$" % window["entry"], prompt, re.MULTILINE)
+        line = re.search(rf"^([^\n]*)\| L{int(window['entry'])}$", prompt, re.MULTILINE)
         mark = re.search(r" (A[-+]?\d*) ", line.group(1)) if line else None
         return mark.group(1) if mark else "L"
     return "dates" if "start" in window else "cue"

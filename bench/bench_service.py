@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
 
     ds = load_dataset("synthetic")
-    key = sorted(ds.memories)[0]
+    key = min(ds.memories)
     memory = ds.memories[key]
     questions = [q for q in ds.queries if q.memory_key == key]
     port, token = free_port(), "bench-key"
