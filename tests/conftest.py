@@ -172,10 +172,6 @@ def fixed_window_locator(tmp_path_factory):
         "2",
         "--max_prompt_tokens",
         "256",
-        # spelled dates: every target is then the same text (a pointer target names a
-        # line, whose number differs from prompt to prompt)
-        "--prompt_pointers",
-        "false",
         "--max_length",
         "320",
         "--completion_only_loss",

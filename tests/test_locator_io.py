@@ -1,4 +1,5 @@
-"""The locator's I/O contract (locator-v2): prompt building (cues, tagged lines, truncation, no gold),
+"""The locator's I/O contract (locator-v3): prompt building (cues, tagged lines, what retrieval sees,
+truncation, no gold),
 the bounded output schema, and the parser with references."""
 
 from __future__ import annotations
@@ -27,192 +28,180 @@ def _query(**gold):
     )
 
 
-def _timeline(n_days: int = 20):
-    """One message a day from 2023-04-21: an offsite report every other day, filler between;
-    one entry per message; embeddings that make offsite reports the relevant ones."""
-    import numpy as np
-
-    from tider.retrieval.timeline import Timeline
+def _store(n_days: int = 20):
+    """One message a day from 2023-04-21: an offsite report every other day, small talk
+    between (a real ``MemoryCollection``: MiniLM embeddings, the timeline, the hybrid
+    ranking). The question is asked on day 19, after the last message."""
+    from tider.memory import MemoryCollection
     from tider.types import Memory, Message
 
     msgs = [
         Message(
             i,
             f"k{i}",
-            f"we picked venue{i} as the venue at the offsite" if i % 2 == 0 else "coffee anyone?",
+            f"we picked venue{i} as the venue at the offsite" if i % 2 == 0 else f"coffee anyone? round {i}",
             datetime(2023, 4, 21, 10) + timedelta(days=i),
             "bob" if i % 2 == 0 else "erin",
             "s",
         )
         for i in range(n_days)
     ]
-    memory = Memory("m1", msgs)
-    emb = np.array([[1.0, 0.0] if i % 2 == 0 else [0.0, 1.0] for i in range(n_days)], dtype=np.float32)
-    return memory, Timeline(memory, list(range(n_days)), emb, emb)  # one entry a message
+    return MemoryCollection({"m1": Memory("m1", msgs)})
 
 
-def _input(settings=None, tokenizer=None, asked=datetime(2023, 5, 10, 18)):
-    import numpy as np
+WEEK = Window(datetime(2023, 5, 1), datetime(2023, 5, 7, 23, 59, 59, 999999))
 
+
+def _input(settings=None, tokenizer=None, store=None):
     from tider.locator.rules import TimeCue
 
-    memory, timeline = _timeline()
-    week = TimeCue("last week", Window(datetime(2023, 5, 1), datetime(2023, 5, 7, 23, 59, 59, 999999)))
     return locator_input(
-        _query(),
-        memory,
-        timeline.visible(asked),
-        [week],
-        "day",
-        settings or PromptSettings(),
-        query_vector=np.array([1.0, 0.0], dtype=np.float32),
-        tokenizer=tokenizer,
+        _query(), store or _store(), [TimeCue("last week", WEEK)], settings or PromptSettings(), tokenizer=tokenizer
     )
 
 
+def _lines(table) -> list[str]:
+    return table.messages[-1]["content"].split("Timeline:\n")[1].splitlines()
+
+
 def test_prompt_question_first_cues_and_tagged_lines_in_time_order():
-    table = _input()
+    from tider.locator.lines import LineConfig
+
+    table = _input(PromptSettings(LineConfig(max_lines=14)))
     system, user = table.messages
     assert system["role"] == "system" and "YYYY-MM-DD" in system["content"]
     text = user["content"]
     assert text.startswith("Question: Which venue did we pick at the offsite last week?\nAsked at: 2023-05-10 by alice")
     assert 'C1 "last week" = 2023-05-01 .. 2023-05-07' in text
-    lines = text.split("Timeline:\n")[1].splitlines()
-    assert len(lines) == len(table.lines) == PromptSettings().lines.max_lines
-    assert [l.rsplit(" | L", 1)[1] for l in lines] == [
-        str(k) for k in range(1, len(lines) + 1)
-    ]  # the tag ends the line
-    assert [l[:10] for l in lines] == sorted(l[:10] for l in lines)  # time order
-    marked = [l for l in lines if " C1 |" in l]
-    assert marked and all("2023-05-01" <= l[:10] <= "2023-05-07" for l in marked)
-    # no memory from the future: nothing after asked_at is shown
-    assert all(l[:10] <= "2023-05-10" for l in lines)
-    assert table.cues == (Window(datetime(2023, 5, 1), datetime(2023, 5, 7, 23, 59, 59, 999999)),)
+    lines = _lines(table)
+    assert len(lines) == len(table.lines) == 14
+    assert [line.rsplit(" | L", 1)[1] for line in lines] == [str(k) for k in range(1, 15)]  # the tag ends the line
+    assert [line[:10] for line in lines] == sorted(line[:10] for line in lines)  # time order
+    marked = [line for line in lines if " C1 " in line.split(" | ")[0] + " "]
+    assert marked and all("2023-05-01" <= line[:10] <= "2023-05-07" for line in marked)
+    assert all(line[:10] <= "2023-05-10" for line in lines)  # no memory from the future
+    assert table.cues == (WEEK,)
 
 
-def test_prompt_switches_for_the_ablation():
-    from tider.locator.lines import LineConfig
-
-    v1 = _input(
-        PromptSettings(
-            LineConfig(max_lines=6), select="similarity", show_cues=False, pointers=False, system_prompt=False
-        )
-    )
-    (user,) = v1.messages
-    assert "Cues:\n(none)" in user["content"] and " | L1" not in user["content"] and v1.lines == ()
-    lines = user["content"].split("Timeline:\n")[1].splitlines()
-    assert all("offsite" in l for l in lines)  # v1: only the most similar lines, any date
-
-
-def test_prompt_can_repeat_the_question_after_the_timeline():
-    plain, again = _input(), _input(PromptSettings(repeat_question=True))
-    question = "Question: Which venue did we pick at the offsite last week?"
-    assert not plain.messages[-1]["content"].endswith(question)
-    assert again.messages[-1]["content"] == plain.messages[-1]["content"] + "\n" + question
-    assert again.lines == plain.lines  # same table: the repeat is not a line
+def test_lines_say_what_retrieval_sees():
+    """Retrieve, then localize: H1.. mark the lines holding the semantic channel's best
+    hits in order; h<n>/<m> counts the top-50 hits and the messages in a line's days."""
+    store = _store()
+    table = _input(store=store)
+    lines = _lines(table)
+    ranked = store.ranking(_query().public()).ids
+    memory = store.messages("m1")
+    top_day = memory[int(ranked[0])].timestamp.date().isoformat()
+    (h1,) = [line for line in lines if " H1" in line.split(" | ")[0]]
+    assert h1.startswith(top_day)
+    hits = [int(line.split(" | ")[1][1:].split("/")[0]) for line in lines]
+    sizes = [int(line.split(" | ")[1].split("/")[1]) for line in lines]
+    assert sizes == [1] * len(lines) and sum(hits) == len(lines)  # one message a day, all within the top 50
+    labels = [m for m, _ in table.marks]
+    assert {"H1", "H2", "H3", "H4", "H5"} <= set(labels) and not any(m.startswith(("C", "T")) for m in labels)
+    # T marks a line on the day the question is asked
+    late = locator_input(Query("q2", "m1", "What did we pick?", datetime(2023, 5, 10, 12)), store, [], PromptSettings())
+    assert " T |" in _lines(late)[-1] and _lines(late)[-1].startswith("2023-05-10")
 
 
 def test_prompt_refuses_a_query_with_gold():
-    import numpy as np
-
-    memory, timeline = _timeline()
     with pytest.raises(ValueError, match="public"):
-        locator_input(
-            _query(answer="lisbon", evidence_ids=(3,)),
-            memory,
-            timeline,
-            [],
-            "day",
-            query_vector=np.array([1.0, 0.0], dtype=np.float32),
-        )
+        locator_input(_query(answer="lisbon", evidence_ids=(3,)), _store(), [])
 
 
 def test_truncation_drops_the_least_needed_lines_to_fit(tiny_qwen3_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
-    full = _input(PromptSettings(max_prompt_tokens=100_000), tokenizer=tok)
+    store = _store()
+    full = _input(PromptSettings(max_prompt_tokens=100_000), tokenizer=tok, store=store)
     n_full = len(tok.apply_chat_template(full.messages, tokenize=True, add_generation_prompt=True)["input_ids"])
-    cut = _input(PromptSettings(max_prompt_tokens=n_full - 60), tokenizer=tok)
+    cut = _input(PromptSettings(max_prompt_tokens=n_full - 60), tokenizer=tok, store=store)
     n_cut = len(tok.apply_chat_template(cut.messages, tokenize=True, add_generation_prompt=True)["input_ids"])
     assert n_cut <= n_full - 60 and 0 < len(cut.lines) < len(full.lines)
     # the best lines inside the cue (LineConfig.per_cue of them) are the most needed: they survive the cut
     in_cue = [w for w in cut.lines if datetime(2023, 5, 1) <= w.start and w.end <= datetime(2023, 5, 8)]
     assert len(in_cue) >= PromptSettings().lines.per_cue
     with pytest.raises(ValueError, match="max_prompt_tokens"):
-        _input(PromptSettings(max_prompt_tokens=5), tokenizer=tok)
+        _input(PromptSettings(max_prompt_tokens=5), tokenizer=tok, store=store)
+
+
+def test_long_questions_are_clipped():
+    from tider.locator.prompt import question_block
+
+    q = Query("q", "m", " ".join(f"w{i}" for i in range(100)), datetime(2023, 5, 10))
+    assert question_block(q, "day", 64).splitlines()[0] == "Question: " + " ".join(f"w{i}" for i in range(64)) + " ..."
 
 
 def test_schema_bounds_references_to_the_table_and_version_set():
     table = _input()
     schema = table.schema()
-    jsonschema.validate({"temporal": True, "windows": [{"entry": 14}, {"cue": 1}]}, schema)
+    n = len(table.lines)
+    jsonschema.validate({"temporal": True, "windows": [{"entry": n}, {"cue": 1}, {"mark": "H1"}]}, schema)
     jsonschema.validate({"temporal": True, "windows": [{"start": "2023-05-01", "end": "2023-05-02"}]}, OUTPUT_SCHEMA)
-    for bad in ({"entry": 15}, {"cue": 2}, {"entry": 0}, {"entry": 1, "cue": 1}):
+    for bad in ({"entry": n + 1}, {"cue": 2}, {"entry": 0}, {"entry": 1, "cue": 1}, {"mark": "H9"}, {"mark": "C1"}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({"temporal": True, "windows": [bad]}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"temporal": True, "windows": [], "extra": 1}, OUTPUT_SCHEMA)
-    assert PROMPT_VERSION == "locator-v2"
+    assert PROMPT_VERSION == "locator-v3"
 
 
 def test_references_resolve_against_the_table_and_the_json_column():
     table = _input()
+    n = len(table.lines)
     text = '{"temporal": true, "windows": [{"entry": 3}, {"cue": 1}]}'
     for refs in (table, table.refs_json("day"), Refs.of(table)):
         r = parse_prediction(text, granularity="day", refs=refs)
         assert r.ok
         line = table.lines[2]
-        assert r.prediction.windows == tuple(
-            sorted(
-                {
-                    Window(
-                        line.start.replace(hour=0, minute=0),
-                        line.end.replace(hour=23, minute=59, second=59, microsecond=999999),
-                    ),
-                    Window(datetime(2023, 5, 1), datetime(2023, 5, 7, 23, 59, 59, 999999)),
-                }
-            )
+        day_of_line = Window(
+            line.start.replace(hour=0, minute=0), line.end.replace(hour=23, minute=59, second=59, microsecond=999999)
         )
-    bad = parse_prediction('{"temporal": true, "windows": [{"entry": 15}]}', granularity="day", refs=table)
-    assert bad.failure is ParseFailure.BAD_REFERENCE and "15" in bad.detail
+        assert r.prediction.windows == tuple(sorted({day_of_line, WEEK}))
+    bad = parse_prediction(f'{{"temporal": true, "windows": [{{"entry": {n + 1}}}]}}', granularity="day", refs=table)
+    assert bad.failure is ParseFailure.BAD_REFERENCE and str(n + 1) in bad.detail
     no_table = parse_prediction('{"temporal": true, "windows": [{"cue": 1}]}', granularity="day")
     assert no_table.failure is ParseFailure.BAD_REFERENCE
 
 
-def test_mark_answers_resolve_to_the_marked_line_when_trained_with_marks():
-    from tider.locator.contract import MARKS_OUTPUT_SCHEMA, LocatorContractError, LocatorMetadata, schema_for
+def test_mark_answers_resolve_to_the_marked_line():
+    from tider.locator.contract import LocatorContractError, LocatorMetadata
     from tider.train.examples import gold_answer
 
-    plain, table = _input(), _input(PromptSettings(marks=True))
-    assert plain.marks == () and "marks" not in json.loads(plain.refs_json("day"))
-    assert '{"mark"' not in plain.messages[0]["content"] and '{"mark"' in table.messages[0]["content"]
-    (k,) = [k for m, k in table.marks if m == "R"]
-    lines = table.messages[-1]["content"].split("Timeline:\n")[1].splitlines()
-    assert " R |" in lines[k - 1] and all(m == "R" or m.startswith("A") for m, _ in table.marks)  # never a cue mark
+    table = _input()
+    (k,) = [k for m, k in table.marks if m == "H1"]
+    assert " H1" in _lines(table)[k - 1].split(" | ")[0]
     by_entry = parse_prediction(f'{{"temporal": true, "windows": [{{"entry": {k}}}]}}', granularity="day", refs=table)
     for refs in (table, table.refs_json("day"), Refs.of(table)):
-        r = parse_prediction('{"temporal": true, "windows": [{"mark": "R"}]}', granularity="day", refs=refs)
+        r = parse_prediction('{"temporal": true, "windows": [{"mark": "H1"}]}', granularity="day", refs=refs)
         assert r.ok and r.prediction == by_entry.prediction
-    for refs in (plain, table):  # a label no line carries, or a table without marks: a typed failure
-        bad = parse_prediction('{"temporal": true, "windows": [{"mark": "A+7"}]}', granularity="day", refs=refs)
-        assert bad.failure is ParseFailure.BAD_REFERENCE and "A+7" in bad.detail
-    jsonschema.validate({"temporal": True, "windows": [{"mark": "R"}]}, table.schema())
-    for schema, label in ((table.schema(), "A+7"), (plain.schema(), "R"), (OUTPUT_SCHEMA, "R")):
-        with pytest.raises(jsonschema.ValidationError):
-            jsonschema.validate({"temporal": True, "windows": [{"mark": label}]}, schema)
-    # the gold answer names the line by its mark only when the prompt answers by marks
+    bad = parse_prediction('{"temporal": true, "windows": [{"mark": "A+7"}]}', granularity="day", refs=table)
+    assert bad.failure is ParseFailure.BAD_REFERENCE and "A+7" in bad.detail
+    # the gold answer names a line by its first mark
     q = _query(temporal=True, windows=(table.lines[k - 1],), evidence_ids=(1,))
-    assert gold_answer(q, table, "day")["windows"] == [{"mark": "R"}]
-    assert gold_answer(q, plain, "day")["windows"] == [
-        {"entry": [j for j, w in enumerate(plain.lines, 1) if w == table.lines[k - 1]][0]}
-    ]
-    # the metadata records the schema of its settings; a v2 checkpoint without marks keeps OUTPUT_SCHEMA
-    assert schema_for(None) == schema_for({"marks": False}) == OUTPUT_SCHEMA
-    settings = PromptSettings(marks=True).to_json()
-    LocatorMetadata(prompt_settings=settings, output_schema=MARKS_OUTPUT_SCHEMA).validate("m")
+    first = [m for m, j in table.marks if j == k][0]
+    assert gold_answer(q, table, "day")["windows"] == [{"mark": first}]
+    # a gold window no line or cue touches cannot be pointed at: no window
+    far = _query(temporal=True, windows=(Window(datetime(2022, 1, 1), datetime(2022, 1, 1)),), evidence_ids=(1,))
+    assert gold_answer(far, table, "day") == {"temporal": False, "windows": []}
+    LocatorMetadata(prompt_settings=PromptSettings().to_json()).validate("m")
     with pytest.raises(LocatorContractError, match="output_schema"):
-        LocatorMetadata(prompt_settings=settings).validate("m")
+        LocatorMetadata(output_schema={"type": "object"}).validate("m")
+
+
+def test_removed_prompt_settings_read_at_their_shipped_values_only():
+    shipped = {
+        **PromptSettings().to_json(),
+        "select": "structured",
+        "show_cues": True,
+        "pointers": True,
+        "repeat_question": False,
+        "marks": True,
+    }
+    assert PromptSettings.from_json(shipped) == PromptSettings()
+    with pytest.raises(ValueError, match="'pointers' was removed.*fa11d15"):
+        PromptSettings.from_json({**shipped, "pointers": False})
 
 
 SPAN = Window(datetime(2023, 1, 1), datetime(2023, 12, 31, 18))

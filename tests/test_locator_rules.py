@@ -102,19 +102,22 @@ def _query(text: str, asked: datetime = ASKED) -> Query:
 
 
 def test_rules_source_pads_clips_and_falls_back_to_semantic(resolver):
+    from tider.memory import MemoryCollection
+
     memory = _memory(datetime(2023, 1, 2, 9), datetime(2023, 6, 30, 9))
+    store = MemoryCollection({memory.key: memory})
     source = make_source("rules", pad_days=1.0)
     assert isinstance(source, RulesWindows)
-    p = source.predict(_query("Which venue did we pick at the offsite last week?"), memory, None)
+    p = source.predict(_query("Which venue did we pick at the offsite last week?"), store)
     assert p.temporal and p.windows == (Window(datetime(2023, 4, 30), datetime(2023, 5, 8, 23, 59, 59, 999999)),)
     # "4 years ago" and "in 2010" name times before the memory began: nothing to localize.
-    assert source.predict(_query("Where did she move from 4 years ago?"), memory, None) == NON_TEMPORAL
-    assert source.predict(_query("What did we build in 2010?"), memory, None) == NON_TEMPORAL
-    assert source.predict(_query("What is dave's pet?"), memory, None) == NON_TEMPORAL
+    assert source.predict(_query("Where did she move from 4 years ago?"), store) == NON_TEMPORAL
+    assert source.predict(_query("What did we build in 2010?"), store) == NON_TEMPORAL
+    assert source.predict(_query("What is dave's pet?"), store) == NON_TEMPORAL
     # A range is cut at what the question can see: the memory's start and asked_at.
     (cue,) = query_cues(resolver, _query("What did we change this year?"), memory)
     assert cue.window.start == datetime(2023, 1, 2) and cue.window.end.date() == ASKED.date()
-    two = source.predict(_query("Which dish on 2023-04-02 and on 2023-04-20?"), memory, None)
+    two = source.predict(_query("Which dish on 2023-04-02 and on 2023-04-20?"), store)
     assert len(two.windows) == 2
 
 

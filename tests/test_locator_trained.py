@@ -55,9 +55,7 @@ def test_local_locator_predicts_or_falls_back_to_semantic(checkpoint, world):
     ds, store = world
     queries = ds.queries[:5]
     memories = [ds.memories[q.memory_key] for q in queries]
-    preds = source.predict_batch(
-        [q.public() for q in queries], memories, [store.timeline(q.memory_key) for q in queries]
-    )
+    preds = source.predict_batch([q.public() for q in queries], store)
     failures = []
     for pred, outcome, table, memory in zip(preds, source.last_outcomes, source.last_inputs, memories):
         assert outcome.messages[1]["content"].count(" | L") == 3  # the recorded line count, not the default
@@ -68,24 +66,14 @@ def test_local_locator_predicts_or_falls_back_to_semantic(checkpoint, world):
     assert failures and dict(source.failures) == {f: failures.count(f) for f in set(failures)}
 
 
-def test_a_locator_trained_with_marks_is_prompted_with_them(checkpoint, world):
-    """``prompt_marks`` travels in the metadata: the source's tables then carry the marks a
-    ``{"mark"}`` answer resolves with, and a mark answer parses against them."""
-    from tider.locator.contract import MARKS_OUTPUT_SCHEMA
+def test_mark_answers_parse_against_the_source_tables(checkpoint, world):
+    """The source's tables carry the marks a ``{"mark"}`` answer resolves with."""
     from tider.locator.parse import parse_prediction
 
-    marks = PromptSettings(LineConfig(max_lines=3), max_prompt_tokens=2000, marks=True)
-    meta = {**SETTINGS, "prompt_settings": marks.to_json(), "output_schema": MARKS_OUTPUT_SCHEMA}
-    (checkpoint.parent / METADATA_FILE).write_text(json.dumps(meta))
+    (checkpoint.parent / METADATA_FILE).write_text(json.dumps(SETTINGS))
     source = make_source("locator", model=str(checkpoint), max_tokens=24)
-    assert source.settings == marks
     ds, store = world
-    queries = ds.queries[:5]
-    source.predict_batch(
-        [q.public() for q in queries],
-        [ds.memories[q.memory_key] for q in queries],
-        [store.timeline(q.memory_key) for q in queries],
-    )
+    source.predict_batch([q.public() for q in ds.queries[:5]], store)
     tables = [t for t in source.last_inputs if t.marks]
     assert tables
     label, k = tables[0].marks[0]
@@ -105,7 +93,7 @@ def test_unknown_settings_are_refused_unless_allowed(checkpoint, world):
         make_source("locator", model=str(checkpoint))
     (checkpoint.parent / METADATA_FILE).write_text(json.dumps({**SETTINGS, "prompt_version": "locator-v1"}))
     with pytest.raises(
-        LocatorContractError, match="prompt version 'locator-v1' does not match this code's 'locator-v2'"
+        LocatorContractError, match="prompt version 'locator-v1' does not match this code's 'locator-v3'"
     ):
         make_source("locator", model=str(checkpoint), allow_unknown_settings=True)  # never allowed
 

@@ -103,9 +103,9 @@ def test_incremental_adds_equal_one_add(kind, tmp_path):
         parts.add([msgs[i] for i in chunk], vectors=vecs[chunk])
     assert parts.add(msgs[:10], vectors=vecs[:10]) == [m["key"] for m in msgs[:10]]  # re-adds: no-ops
     assert len(parts) == len(one) == 5000
-    assert [m.key for m in parts.memory] == [m.key for m in one.memory]
+    assert [m.key for m in parts.messages()] == [m.key for m in one.messages()]
     assert answers(parts, kind == "exact") == answers(one, kind == "exact")
-    a, b = parts.timeline, one.timeline
+    a, b = parts.timeline(), one.timeline()
     assert a.starts == b.starts and a.entries == b.entries
 
 
@@ -143,10 +143,10 @@ def test_reopen_answers_identically_without_the_embedder(tmp_path):
     with TemporalMemory(tmp_path / "s", config=cfg, embedder=NoEmbedder()) as mem:
         mem.add(msgs[:500], vectors=vecs[:500])
         mem.add(msgs[500:], vectors=vecs[500:])
-        before = answers(mem, exact=False), answers(mem, exact=True), len(mem.timeline)
+        before = answers(mem, exact=False), answers(mem, exact=True), len(mem.timeline())
     reopened = TemporalMemory(tmp_path / "s", embedder=NoEmbedder())
     assert reopened.config == cfg and len(reopened) == 800
-    assert (answers(reopened, exact=False), answers(reopened, exact=True), len(reopened.timeline)) == before
+    assert (answers(reopened, exact=False), answers(reopened, exact=True), len(reopened.timeline())) == before
     reopened.close()
     with pytest.raises(StoreError, match="built with embed_template"):
         TemporalMemory(tmp_path / "s", config=RetrievalConfig(embed_template="{text}"), embedder=NoEmbedder())
@@ -195,7 +195,7 @@ def test_bad_input_names_the_field_and_changes_nothing(tmp_path):
         vectors=np.eye(2, DIM, dtype=np.float32),
     )
     assert keys[0].startswith("m-") and keys[1] == "k2"
-    assert [m.timestamp for m in mem.memory] == [datetime(2024, 2, 1, 8, 0), datetime(2024, 2, 1, 9, 0)]  # UTC
+    assert [m.timestamp for m in mem.messages()] == [datetime(2024, 2, 1, 8, 0), datetime(2024, 2, 1, 9, 0)]  # UTC
     assert mem.add([good], vectors=np.ones((1, DIM), np.float32)) == keys[:1] and len(mem) == 2  # re-add: no-op
 
 
@@ -239,5 +239,5 @@ def test_kill_9_during_add_keeps_every_returned_add_and_no_half(delay, tmp_path)
         n = len(mem)
         assert n % 250 == 0 and n >= 250 * (returned + 1)
         msgs, _ = records(n, seed=7)
-        assert sorted(m.key for m in mem.memory) == sorted(m["key"] for m in msgs[:n])
+        assert sorted(m.key for m in mem.messages()) == sorted(m["key"] for m in msgs[:n])
         mem.close()

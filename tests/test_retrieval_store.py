@@ -104,8 +104,8 @@ def crowded(embedder):
 
 def test_store_coverage_is_what_the_windows_retrieve(crowded):
     store, q = crowded
-    none = make_source("none").predict(q.public(), store.memory("c"), store.timeline("c"))
-    oracle = make_source("oracle", gold_by_key=gold_predictions([q])).predict(q.public(), store.memory("c"), None)
+    none = make_source("none").predict(q.public(), store)
+    oracle = make_source("oracle", gold_by_key=gold_predictions([q])).predict(q.public(), store)
     ids, scores = store.retrieve(q.public(), none, 5)
     assert set(ids[:4].tolist()) == {0, 2, 6, 8} and ids[4] == 4 and np.all(np.diff(scores) <= 0)
     assert store.retrieve(q.public(), oracle, 1)[0].tolist() == [4]
@@ -119,12 +119,12 @@ def test_store_sources(toy):
     store, q = toy
     entries = store.timeline("toy").top_k(q.text, 2)
     assert len(entries) == 2 and entries[0].member_ids
-    tl = make_source("timeline", top_m=2).predict(q.public(), store.memory("toy"), store.timeline("toy"))
+    tl = make_source("timeline", top_m=2).predict(q.public(), store)
     assert tl.temporal and tl.windows == tuple(sorted({e.window for e in entries}))
     # seeds come from the store's BM25 index (name "Bo" matches even ids, 40 days apart): > eps, no windows
-    assert make_source("dbscan-paper", store=store).predict(q.public(), store.memory("toy")).temporal is False
-    wide = make_source("dbscan", store=store, eps_days=45, mu_per_day=0.01, pad_days=0)
-    pred = wide.predict(q.public(), store.memory("toy"))
+    assert make_source("dbscan-paper").predict(q.public(), store).temporal is False
+    wide = make_source("dbscan", eps_days=45, mu_per_day=0.01, pad_days=0)
+    pred = wide.predict(q.public(), store)
     assert pred.temporal and pred.windows
 
 
@@ -141,7 +141,7 @@ def test_oracle_beats_none_on_a_locomo_slice():
     store = MemoryCollection({key: full.memories[key]})
     oracle = quick_eval(store, make_source("oracle", gold_by_key=gold_predictions(queries)), queries)
     none = quick_eval(store, make_source("none"), queries)
-    paper = quick_eval(store, make_source("dbscan-paper", store=store), queries)
+    paper = quick_eval(store, make_source("dbscan-paper"), queries)
     assert oracle["recall@20"] >= none["recall@20"] + 0.1
     assert oracle["window_iou"] == 1.0 and none["windows_per_query"] == 0
     assert paper["windows_per_query"] > 2  # the session-timestamp pitfall: many windows per question
@@ -156,4 +156,4 @@ def test_empty_memory_is_a_clear_error(embedder):
     with pytest.raises(ValueError, match="memory 'empty' has no messages"):
         store.retrieve(q, NON_TEMPORAL, 5)
     with pytest.raises(KeyError, match="not in this collection"):
-        store.indexes("missing")
+        store.messages("missing")

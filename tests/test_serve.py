@@ -93,8 +93,7 @@ def test_untrained_model_fails_typed_and_falls_back(export_dir):
     from tider.locator.contract import NO_THINKING
     from tider.types import NON_TEMPORAL, Memory, Message, Query
 
-    def Timeline():
-        return None  # a memory without a timeline yet: the prompt shows no lines
+    from tider.memory import MemoryCollection
 
     memory = Memory("m", [Message(0, "a", "hello", datetime(2023, 5, 1), "x", "s1")], "day")
     query = Query("q", "m", "When did we meet?", datetime(2023, 6, 1))
@@ -102,11 +101,11 @@ def test_untrained_model_fails_typed_and_falls_back(export_dir):
         LocalHFBackend(str(export_dir), dtype="float32", chat_template_kwargs=NO_THINKING), max_retries=0
     )
     source = ChatWindowSource(client, name="locator", granularity="day", max_tokens=8)
-    assert source.predict(query, memory, Timeline()) == NON_TEMPORAL
+    assert source.predict(query, MemoryCollection({"m": memory})) == NON_TEMPORAL
     assert sum(source.failures.values()) == 1 and source.last_outcomes[0].failure in ("no_json", "schema")
     minute = Memory("m2", [Message(0, "a", "hello", datetime(2023, 5, 1), "x", "s1")], "minute")
     with pytest.raises(ValueError, match="speaks 'day' times, the data is 'minute'"):
-        source.predict(query, minute, Timeline())
+        source.predict(Query("q", "m2", "When did we meet?", datetime(2023, 6, 1)), MemoryCollection({"m2": minute}))
 
 
 def test_prompted_source_needs_a_model():
@@ -123,11 +122,11 @@ def test_prompted_source_with_a_local_instruction_model(tiny_qwen3_dir):
     from tider.locator.sources import make_source
     from tider.types import NON_TEMPORAL, Memory, Message, Query
 
-    def Timeline():
-        return None  # a memory without a timeline yet: the prompt shows no lines
+    from tider.memory import MemoryCollection
 
     source = make_source("prompted", model=str(tiny_qwen3_dir), max_tokens=16)
     assert source.name == "prompted" and source.granularity is None  # any model, any granularity
     memory = Memory("m", [Message(0, "a", "hello", datetime(2023, 5, 1), "x", "s1")], "minute")
-    pred = source.predict(Query("q", "m", "What happened this morning?", datetime(2023, 5, 1, 12)), memory, Timeline())
+    query = Query("q", "m", "What happened this morning?", datetime(2023, 5, 1, 12))
+    pred = source.predict(query, MemoryCollection({"m": memory}))
     assert pred == NON_TEMPORAL and sum(source.failures.values()) == 1  # random weights: typed failure, fallback

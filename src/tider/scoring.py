@@ -118,6 +118,13 @@ def evidence_coverage(retrieved_ids: Sequence[int], gold_ids: Iterable[int], k: 
     return len(gold.intersection(retrieved_ids[:k])) / len(gold)
 
 
+def evidence_gain(retrieved_ids: Sequence[int], baseline_ids: Sequence[int], gold_ids: Iterable[int], k: int) -> float:
+    """Evidence coverage of a window-driven retrieval minus that of the semantic channel
+    alone (``baseline_ids``), in [-1, 1]: what a window adds (negative: what it pushed out)."""
+    gold = list(gold_ids)
+    return evidence_coverage(retrieved_ids, gold, k) - evidence_coverage(baseline_ids, gold, k)
+
+
 # ---------------------------------------------------------------------- answers
 _ARTICLES = re.compile(r"\b(a|an|the|and)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)

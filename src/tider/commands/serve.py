@@ -134,14 +134,13 @@ def check_request(base_url: str, model: str, meta, api_key: str | None) -> dict:
     from tider.memory.collection import MemoryCollection
     from tider.types import Memory, Message, Query
 
-    memory = Memory(
-        "serve-check",
-        [
-            Message(0, "c0", "Bob repainted the office.", datetime(2023, 3, 2, 9), "bob", "s1"),
-            Message(1, "c1", "Alice went to a book club.", datetime(2023, 5, 7, 18), "alice", "s2"),
-            Message(2, "c2", "The book club picked a novel.", datetime(2023, 5, 8, 10), "alice", "s2"),
-        ],
-    )
+    granularity = meta.granularity or "day"
+    messages = [
+        Message(0, "c0", "Bob repainted the office.", datetime(2023, 3, 2, 9), "bob", "s1"),
+        Message(1, "c1", "Alice went to a book club.", datetime(2023, 5, 7, 18), "alice", "s2"),
+        Message(2, "c2", "The book club picked a novel.", datetime(2023, 5, 8, 10), "alice", "s2"),
+    ]
+    memory = Memory("serve-check", messages, granularity)
     query = Query(
         "serve-check",
         memory.key,
@@ -149,10 +148,9 @@ def check_request(base_url: str, model: str, meta, api_key: str | None) -> dict:
         asked_at=datetime(2023, 6, 1),
         user="bob",
     )
-    granularity = meta.granularity or "day"
     settings = PromptSettings.from_json(meta.prompt_settings) if meta.prompt_settings else PromptSettings()
-    timeline = MemoryCollection({memory.key: memory}).timeline(memory.key).visible(query.asked_at)
-    table = locator_input(query, memory, timeline, query_cues(shared_resolver(), query, memory), granularity, settings)
+    store = MemoryCollection({memory.key: memory})
+    table = locator_input(query, store, query_cues(shared_resolver(), query, memory), settings)
     template_kwargs = NO_THINKING if meta.chat_template_kwargs is None else meta.chat_template_kwargs
     client = endpoint_client(base_url, model=model, api_key=api_key, chat_template_kwargs=template_kwargs)
     [outcome] = predict_batch(client, [table], granularity, memory_spans=[memory.span])

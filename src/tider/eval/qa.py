@@ -28,6 +28,8 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
+import numpy as np
+
 from tider import scoring
 from tider.eval.leakage import LeakageValidator
 from tider.eval.qa_config import STAGES, QAConfig
@@ -110,11 +112,10 @@ class QARun:
 
         def run(query: Query) -> dict:
             public = query.public()  # nothing on the inference path sees gold
-            memory, timeline = self.store.memory(query.memory_key), self.store.timeline(query.memory_key)
 
             def call() -> dict:
-                pred = source.predict(public, memory, timeline)
-                self._check_locator_prompt(source, query, timeline)
+                pred = source.predict(public, self.store)
+                self._check_locator_prompt(source, query)
                 ids, scores = self.store.retrieve(public, pred, self.config.k)
                 # Exact window bounds too: a day-granularity rendering loses the end of day.
                 exact = [[w.start.isoformat(), w.end.isoformat()] for w in pred.windows] if pred.temporal else []
@@ -129,7 +130,7 @@ class QARun:
 
         return Stage(f"retrieve-{window_name}", run)
 
-    def _check_locator_prompt(self, source, query: Query, timeline) -> None:
+    def _check_locator_prompt(self, source, query: Query) -> None:
         """Leak-check the prompt a chat-backed source just sent; its allowed (public) parts are
         the pieces the prompt builder rendered from the public query and the memory."""
         outcomes, inputs = getattr(source, "last_outcomes", None), getattr(source, "last_inputs", None)
@@ -156,8 +157,10 @@ class QARun:
             windows = past_windows(windows, query.asked_at, self.config.retrieval.past_only)
             if not (self.config.selection and windows):
                 return {"ids": seeds, "windows": [], "errors": 0, "invalid_ids": 0}
-            public, memory = query.public(), self.store.memory(query.memory_key)
-            sim, _ = self.store.similarity(public, mode="dense")  # T-Mem: embedding preselection
+            public, memory = query.public(), self.store.messages(query.memory_key)
+            ranked = self.store.ranking(public, mode="dense")  # T-Mem: embedding preselection
+            sim = np.zeros(len(memory), dtype=np.float32)
+            sim[ranked.ids] = ranked.sim
             similarity = lambda text, ids: sim[list(ids)]
 
             def call() -> dict:
@@ -206,7 +209,7 @@ class QARun:
         g = self.dataset.granularity
 
         def run(query: Query) -> dict:
-            public, memory = query.public(), self.store.memory(query.memory_key)
+            public, memory = query.public(), self.store.messages(query.memory_key)
             msgs = [memory[i] for i in selected[query.key]["ids"]]
 
             def call() -> dict:
@@ -233,7 +236,7 @@ class QARun:
         g, budget = self.dataset.granularity, self.config.budget
 
         def run(query: Query) -> dict:
-            memory = self.store.memory(query.memory_key)
+            memory = self.store.messages(query.memory_key)
             ids = selected[query.key]["ids"]
             if c == "flat":
                 text = truncate_to_budget(render_flat([memory[i] for i in ids], g), budget, self.count_tokens)

@@ -64,8 +64,7 @@ def query_record(query: Query, source, store, ks: Sequence[int], granularity: st
 
     The retriever runs once per cut-off k: with two channels merged and reranked, the
     top-20 is not a prefix of the top-50, and recall@k must be what a budget of k returns."""
-    memory = store.memory(query.memory_key)
-    pred = source.predict(query.public(), memory, store.timeline(query.memory_key))
+    pred = source.predict(query.public(), store)
     gold = query.gold
     ranked = {k: store.retrieve(query, pred, k, mode=mode)[0].tolist() for k in sorted(set(ks))}
     deepest = ranked[max(ks)]

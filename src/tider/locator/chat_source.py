@@ -26,10 +26,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tider.locator.contract import MARKS_OUTPUT_SCHEMA, NO_THINKING, OUTPUT_SCHEMA
+from tider.locator.contract import NO_THINKING, OUTPUT_SCHEMA
 from tider.locator.prompt import PromptSettings, locator_input
 from tider.locator.sources import BaseSource, register_source
-from tider.types import NON_TEMPORAL, Granularity, Memory, Query, WindowPrediction
+from tider.types import NON_TEMPORAL, Granularity, Query, WindowPrediction
 
 LOCATOR_MAX_TOKENS = 160  # 8 windows of two dates fit in ~120 tokens of JSON
 
@@ -92,13 +92,11 @@ def predict_batch(
     from tider.locator.parse import parse_prediction
 
     # A served model gets each prompt's own schema: references bounded by its table. A local
-    # one is checked against the generic schema, which must allow mark answers when the
-    # prompts offer marks (else every such answer would count as malformed and be retried).
-    generic = MARKS_OUTPUT_SCHEMA if any(i.marks for i in inputs) else OUTPUT_SCHEMA
+    # one is checked against the generic schema.
     results = client.chat_batch(
         [i.messages for i in inputs],
         stage="locator",
-        json_schema=generic,
+        json_schema=OUTPUT_SCHEMA,
         json_schemas=[i.schema() for i in inputs],
         max_tokens=max_tokens,
         temperature=0.0,
@@ -154,45 +152,39 @@ class ChatWindowSource(BaseSource):
     def describe(self) -> dict:
         return {"name": self.name, **self.client.backend.describe(), "prompt_settings": self.settings.to_json()}
 
-    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
-        return self.predict_batch([query], [memory], [timeline])[0]
+    def predict(self, query: Query, store) -> WindowPrediction:
+        return self.predict_batch([query], store)[0]
 
-    def inputs(self, queries: Sequence[Query], memories: Sequence[Memory], timelines: Sequence, granularity) -> list:
+    def inputs(self, queries: Sequence[Query], store) -> list:
         """The prompts (and reference tables) for a batch: what ``predict_batch`` sends."""
         from tider.locator.rules import query_cues
 
         publics = [q.public() for q in queries]
-        embedders = [t.embedder for t in timelines if t is not None and t.embedder is not None]
-        vectors = embedders[0].encode([q.text for q in publics]) if embedders else [None] * len(publics)
-        out = []
-        for q, m, t, v in zip(publics, memories, timelines, vectors):
-            visible = t.visible(q.asked_at) if t is not None else None
-            out.append(
-                locator_input(
-                    q,
-                    m,
-                    visible,
-                    query_cues(self.resolver, q, m),
-                    granularity,
-                    self.settings,
-                    query_vector=v,
-                    tokenizer=self.tokenizer,
-                )
+        embedder = store.timeline(publics[0].memory_key).embedder if publics else None
+        vectors = embedder.encode([q.text for q in publics]) if embedder is not None else [None] * len(publics)
+        return [
+            locator_input(
+                q,
+                store,
+                query_cues(self.resolver, q, store.messages(q.memory_key)),
+                self.settings,
+                query_vector=v,
+                tokenizer=self.tokenizer,
             )
-        return out
+            for q, v in zip(publics, vectors)
+        ]
 
-    def predict_batch(
-        self, queries: Sequence[Query], memories: Sequence[Memory], timelines: Sequence
-    ) -> list[WindowPrediction]:
+    def predict_batch(self, queries: Sequence[Query], store) -> list[WindowPrediction]:
         if not queries:
             return []
+        memories = [store.messages(q.memory_key) for q in queries]
         granularities = {m.granularity for m in memories}
         if len(granularities) != 1:
             raise ValueError(f"{self.name}: one batch mixes granularities {sorted(granularities)}")
         granularity = granularities.pop()
         if self.granularity and self.granularity != granularity:
             raise ValueError(f"{self.name}: the model speaks {self.granularity!r} times, the data is {granularity!r}")
-        inputs = self.inputs(queries, memories, timelines, granularity)
+        inputs = self.inputs(queries, store)
         outcomes = predict_batch(
             self.client,
             inputs,

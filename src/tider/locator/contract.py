@@ -8,7 +8,7 @@ Training, export, serving and the window sources all speak through this module:
 - ``LocatorMetadata``: the ``tider_locator.json`` file that travels with a checkpoint
   and its export. It records everything that shapes the locator's input, so a served
   model is prompted exactly as it was trained: the prompt settings (line selection, the
-  token budget, the v2 switches, chat-template kwargs, granularity) and what builds the timeline the
+  token budget, chat-template kwargs, granularity) and what builds the timeline the
   prompt lists (timeline clustering settings, the embedding model and the text it
   embeds). ``tider sft``/``tider grpo`` write it, ``tider export`` extends it with the
   export's dtype and layout, ``tider serve`` and the ``locator`` source validate it.
@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 # Bump when the prompt text or output contract changes: caches, exports and manifests key on it.
-# locator-v1 (dates only, K similarity-ranked lines) checkpoints are refused: that prompt
-# no longer exists, and a v1 model would be shown a format it never saw.
-PROMPT_VERSION = "locator-v2"
+# Checkpoints of earlier versions are refused: their prompt no longer exists, and such a
+# model would be shown a format it never saw. v3 added what retrieval sees per line (hit
+# marks H<k>, h<hits>/<size>, T) and answers "no window" where none would help.
+PROMPT_VERSION = "locator-v3"
 MAX_WINDOWS = 8
 
 
@@ -47,12 +48,11 @@ def _mark_ref(labels) -> dict:
 
 
 def output_schema(n_lines: int | None = None, n_cues: int | None = None, marks=None) -> dict[str, Any]:
-    """The answer's JSON schema: windows are ``{"entry": k}`` (a timeline line),
-    ``{"cue": j}`` (a resolved time cue) or ``{"start", "end"}``; a locator trained with
-    ``PromptSettings.marks`` may also write ``{"mark": "A+1"}`` (the line carrying that
-    mark). With ``n_lines``/``n_cues``/``marks`` (one prompt's table: its mark labels) the
-    references are bounded, so a grammar-constrained server cannot point past the table;
-    ``marks=True`` allows any label (the parser checks it). Kept to anyOf, integer bounds
+    """The answer's JSON schema: windows are ``{"mark": "H1"}`` (the line carrying that
+    mark), ``{"entry": k}`` (a timeline line), ``{"cue": j}`` (a resolved time cue) or
+    ``{"start", "end"}``. With ``n_lines``/``n_cues``/``marks`` (one prompt's table: its
+    mark labels) the references are bounded, so a grammar-constrained server cannot point
+    past the table; ``marks=True`` allows any label (the parser checks it). Kept to anyOf, integer bounds
     and enums, which vLLM's xgrammar and OpenAI's strict mode accept; the parser checks
     dates and consistency."""
     options = [_ref("entry", n_lines)] + ([] if n_cues == 0 else [_ref("cue", n_cues)])
@@ -69,14 +69,7 @@ def output_schema(n_lines: int | None = None, n_cues: int | None = None, marks=N
     }
 
 
-OUTPUT_SCHEMA: dict[str, Any] = output_schema()
-MARKS_OUTPUT_SCHEMA: dict[str, Any] = output_schema(marks=True)
-
-
-def schema_for(prompt_settings: dict | None) -> dict[str, Any]:
-    """The generic output schema of a locator trained with these prompt settings
-    (``PromptSettings.to_json()``; ``None``: the defaults)."""
-    return MARKS_OUTPUT_SCHEMA if (prompt_settings or {}).get("marks") else OUTPUT_SCHEMA
+OUTPUT_SCHEMA: dict[str, Any] = output_schema(marks=True)
 
 
 METADATA_FILE = "tider_locator.json"
@@ -144,6 +137,8 @@ class LocatorMetadata:
     training_data_hash: str | None = None
     dataset_name: str | None = None
     split_seed: int | None = None
+    validation_memories: list | None = None  # a fixed split's held-out memories (else split_seed's)
+    test_memories: list | None = None
     # Written by ``tider export``.
     source_checkpoint: str | None = None
     source_layout: str | None = None
@@ -203,11 +198,8 @@ class LocatorMetadata:
                 "the model would be prompted with a format it was not trained on (retrain it with this version: "
                 "`tider sft` then `tider grpo`)"
             )
-        if self.output_schema != schema_for(self.prompt_settings):
-            raise LocatorContractError(
-                f"{where}: output_schema differs from the one tider.locator.contract gives "
-                "these prompt settings (schema_for)"
-            )
+        if self.output_schema != OUTPUT_SCHEMA:
+            raise LocatorContractError(f"{where}: output_schema differs from tider.locator.contract.OUTPUT_SCHEMA")
         if self.granularity is not None and self.granularity not in GRANULARITIES:
             raise LocatorContractError(f"{where}: granularity {self.granularity!r} is not one of {GRANULARITIES}")
         return self

@@ -30,7 +30,7 @@ from tider.locator.sources import BaseSource, register_source
 from tider.retrieval.channels import EPOCH, to_days
 from tider.retrieval.config import DBSCANConfig
 from tider.scoring import merge_intervals
-from tider.types import NON_TEMPORAL, Memory, Query, Window, WindowPrediction
+from tider.types import NON_TEMPORAL, Query, Window, WindowPrediction
 
 PAPER = DBSCANConfig()  # DBSCANConfig defaults are the paper's values in days
 # Chosen by `python bench/sweep_dbscan.py` on LoCoMo dev, non-test conversations only (883
@@ -70,23 +70,21 @@ def _from_days(d: float):
 
 
 class DBSCANWindows(BaseSource):
-    """Needs the BM25 index of each memory: pass the ``MemoryCollection`` (or a ``TemporalMemory``) as ``store``."""
+    """Reads the store's BM25 ranking of the query (with the asking user's name)."""
 
-    def __init__(self, store, config: DBSCANConfig, name: str):
-        self.store, self.config, self.name = store, config, name
+    def __init__(self, config: DBSCANConfig, name: str):
+        self.config, self.name = config, name
 
-    def seeds(self, query: Query, memory: Memory) -> np.ndarray:
+    def seeds(self, query: Query, store) -> np.ndarray:
         """BM25 top-``seeds`` among the messages said by ``asked_at`` (no memory from the future)."""
-        import bisect
-
         text = f"{query.text} {query.user}" if query.user else query.text
-        visible = bisect.bisect_right(memory.timestamps, query.asked_at)
-        scores = self.store.indexes(memory.key).bm25.scores(text)[:visible]
-        ids = np.lexsort((np.arange(visible), -scores))[: self.config.seeds]
-        return ids[scores[ids] > 0]  # a message sharing no term with the query is not an anchor
+        ranked = store.ranking(replace(query, text=text), mode="bm25")
+        ids = ranked.ids[: self.config.seeds]
+        return ids[ranked.sim[: self.config.seeds] > 0]  # a message sharing no term with the query is not an anchor
 
-    def predict(self, query: Query, memory: Memory, timeline=None) -> WindowPrediction:
-        ids = self.seeds(query, memory)
+    def predict(self, query: Query, store) -> WindowPrediction:
+        memory = store.messages(query.memory_key)
+        ids = self.seeds(query, store)
         days = np.array([to_days(memory.timestamps[i]) for i in ids], dtype=np.float64)
         topics = [memory[i].topic for i in ids]
         clusters = dbscan_windows(days, topics, self.config)
@@ -100,16 +98,16 @@ class DBSCANWindows(BaseSource):
 
 
 @register_source("dbscan-paper")
-def dbscan_paper(store) -> DBSCANWindows:
-    return DBSCANWindows(store, PAPER, "dbscan-paper")
+def dbscan_paper() -> DBSCANWindows:
+    return DBSCANWindows(PAPER, "dbscan-paper")
 
 
 @register_source("dbscan-tuned")
-def dbscan_tuned(store) -> DBSCANWindows:
-    return DBSCANWindows(store, TUNED, "dbscan-tuned")
+def dbscan_tuned() -> DBSCANWindows:
+    return DBSCANWindows(TUNED, "dbscan-tuned")
 
 
 @register_source("dbscan")
-def dbscan_custom(store, **params) -> DBSCANWindows:
-    """Any parameters, e.g. ``make_source("dbscan", store=s, eps_days=1, max_windows=3)``."""
-    return DBSCANWindows(store, replace(PAPER, **params), "dbscan")
+def dbscan_custom(**params) -> DBSCANWindows:
+    """Any parameters, e.g. ``make_source("dbscan", eps_days=1, max_windows=3)``."""
+    return DBSCANWindows(replace(PAPER, **params), "dbscan")

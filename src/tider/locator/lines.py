@@ -1,4 +1,4 @@
-"""Which timeline entries the locator prompt shows, and the marks on them (locator-v2).
+"""Which timeline entries the locator prompt shows, and the marks on them (locator-v3).
 
 A locator can only point at what it is shown. v1 showed the top-K entries by similarity
 to the question; on a memory where an event recurs weekly, the K most similar entries
@@ -13,7 +13,15 @@ and pick (DESIGN decision 11). Every rule is learning-free and dataset-agnostic:
   have it ("reorg"), with its nearest *relevant* entries before and after it marked
   ``A-1``, ``A-2``... and ``A+1``... ("the last review before the reorg" is ``A-1``);
 - **recent** ``R``: the latest relevant entry by ``asked_at`` ("the current region");
+- **hits** ``H1``, ``H2``...: the entries holding the semantic channel's best-ranked
+  messages, in the order of their first hit (retrieve, then localize: on real
+  conversations the evidence's day is among the first few days the semantic channel
+  hits for most questions, and a question rarely names its time);
 - **semantic**: the top entries by similarity (what v1 showed), then more to fill.
+
+Priority, for when the token budget drops lines from the end: cue lines, the anchor and
+its nearest neighbour on each side, the hits, the recent lines, the anchor's further
+neighbours, the semantic ones.
 
 An entry's similarity to the question is that of its best message (``entry_scores``), not
 of its centroid: a cluster that holds the evidence next to small talk must still rank as
@@ -32,7 +40,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class LineConfig:
-    max_lines: int = 14
+    max_lines: int = 30  # the production recipe's; the tiny recipes show 14
     semantic: int = 3  # top entries by similarity, always shown
     per_cue: int = 2  # best entries overlapping each cue
     recent: int = 2  # latest relevant entries (the latest is marked R)
@@ -40,6 +48,8 @@ class LineConfig:
     relevant_margin: float = 0.15  # cosine below the best entry's that still counts as relevant
     anchor_max_share: float = 0.03  # a term is an anchor when at most this share of entries has it
     mark_pad_days: float = 3.0  # a one-day cue marks lines within this many days (its reading is a point)
+    hits: int = 5  # entries holding the semantic channel's best hits, marked H1..H<hits>
+    hit_depth: int = 50  # how far down the semantic ranking hits are looked for and counted
 
 
 @dataclass
@@ -109,9 +119,10 @@ def _anchor(
 
 
 def select_lines(
-    question: str, timeline, sims: np.ndarray, cues: Sequence, config: LineConfig = LineConfig()
+    question: str, timeline, sims: np.ndarray, cues: Sequence, config: LineConfig = LineConfig(), hits=()
 ) -> Selection:
-    """The entries of the visible ``timeline`` to show for ``question``, and their marks."""
+    """The entries of the visible ``timeline`` to show for ``question``, and their marks.
+    ``hits``: entry indices holding the semantic channel's best messages, best first."""
     out = Selection()
     spans = [timeline.span(j) for j in range(len(timeline))]
     n = len(spans)
@@ -131,18 +142,24 @@ def select_lines(
         for i in inside:
             out.mark(i, f"C{j}")
     anchor = _anchor(question, cues, entry_terms(timeline), sims, relevant, config)
+    later = []
     if anchor is not None:
         add([anchor])
         out.mark(anchor, "A")
         before = [i for i in relevant if i < anchor][::-1][: config.anchor_neighbours]
         after = [i for i in relevant if i > anchor][: config.anchor_neighbours]
         for side, ids in (("-", before), ("+", after)):
-            add(ids)
+            add(ids[:1])
+            later += ids[1:]
             for k, i in enumerate(ids, start=1):
                 out.mark(i, f"A{side}{k}")
     if relevant:
         out.mark(relevant[-1], "R")
+    for k, i in enumerate(list(dict.fromkeys(hits))[: config.hits], start=1):
+        out.mark(i, f"H{k}")
+        add([i])
     add(relevant[::-1][: config.recent])
+    add(later)
     add(by_sim[: config.semantic])
     add(by_sim)
     return out

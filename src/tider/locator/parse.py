@@ -1,9 +1,9 @@
 """Read a locator completion back into a ``WindowPrediction`` — or a typed failure.
 
-locator-v2 windows are ``{"entry": k}`` / ``{"cue": j}`` references into the prompt's
-table (``tider.locator.prompt.LocatorInput``: line spans and cue ranges, 1-based),
-``{"mark": "A+1"}`` (the line carrying that mark, for a locator trained with marks) or
-explicit ``{"start", "end"}``; ``refs`` carries that table. A reference past the table is
+Windows are ``{"mark": "H1"}`` (the line carrying that mark), ``{"entry": k}`` /
+``{"cue": j}`` references into the prompt's table (``tider.locator.prompt.LocatorInput``:
+line spans and cue ranges, 1-based) or explicit ``{"start", "end"}``; ``refs`` carries
+that table. A reference past the table is
 ``BAD_REFERENCE``; a referenced span covers its whole first and last unit, like a date.
 
 The parser never raises: a GRPO reward must score a malformed completion 0 and count
@@ -29,7 +29,7 @@ from enum import Enum
 import jsonschema
 from dateutil.parser import isoparse
 
-from tider.locator.contract import MARKS_OUTPUT_SCHEMA, MAX_WINDOWS
+from tider.locator.contract import MAX_WINDOWS, OUTPUT_SCHEMA
 from tider.types import GRANULARITY_UNIT, Granularity, Window, WindowPrediction, floor_time
 
 
@@ -83,7 +83,7 @@ class ParseResult:
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 # The schema without its maxItems: too many windows is its own, more useful, failure. Mark
 # references are part of the shape; whether this table has the label is checked below.
-_SHAPE_SCHEMA = json.loads(json.dumps(MARKS_OUTPUT_SCHEMA))
+_SHAPE_SCHEMA = json.loads(json.dumps(OUTPUT_SCHEMA))
 _SHAPE_SCHEMA["properties"]["windows"].pop("maxItems", None)  # (references are checked against the table below)
 _VALIDATOR = jsonschema.Draft202012Validator(_SHAPE_SCHEMA)
 

@@ -1,4 +1,4 @@
-"""The locator's input and output (locator-v2), shared by training, local generation and
+"""The locator's input and output (locator-v3), shared by training, local generation and
 serving: ``locator_input`` builds the chat prompt *and* the table its answer refers to.
 
 Input, question first (a causal model reads the lines knowing what is asked):
@@ -8,30 +8,35 @@ Input, question first (a causal model reads the lines knowing what is asked):
     Cues:
     C1 "last week" = 2023-05-01 .. 2023-05-07
     Timeline:
-    2023-04-26 | heidi: we picked lisbon as the venue at the offsite | L1
-    2023-05-03 C1 | bob: we picked porto as the venue at the offsite | L2
+    2023-04-26 H2 | h3/9 | heidi: we picked lisbon as the venue at the offsite | L1
+    2023-05-03 C1 H1 | h6/12 | bob: we picked porto as the venue at the offsite | L2
 
 - **Cues** are the question's time expressions resolved against ``asked_at`` by a date
   library (``tider.locator.rules``): time arithmetic is the library's job.
 - **Lines** are timeline entries chosen for what the question's structure can need
   (``tider.locator.lines``), each shown as its best-matching message, in time order,
-  marked ``C<j>`` when it overlaps cue j, and tagged ``L<k>`` *at the end*: a causal
-  model can gather a line's content into its tag token, then copy the tag that follows a
-  match (the measured layout, shared/notes/pointer-vs-dates.md).
+  tagged ``L<k>`` *at the end*: a causal model can gather a line's content into its tag
+  token, then copy the tag that follows a match (docs/experiments.md, "pointing vs dates").
+  Marks: ``C<j>`` (overlaps cue j), ``A`` / ``A-1`` / ``A+1`` (the event the question names
+  and its relevant neighbours), ``R`` (the latest relevant line), ``H1``, ``H2``... (the
+  lines holding the semantic channel's best hits, in order), ``T`` (the line reaches the
+  day the question is asked).
+- **What retrieval sees** (retrieve, then localize): ``h<n>/<m>`` says that ``n`` of the
+  semantic channel's top 50 messages lie in the line's span (whole days, as a window on the
+  line would be), which holds ``m`` messages the question may see. Choosing a line then reads evidence the retriever already has, and
+  needs little English: on real conversations a question rarely names its time.
 
-Output (DESIGN decision 2, v2 windows): ``{"temporal": true, "windows": [...]}`` where a
-window is ``{"entry": k}`` (line k's span), ``{"cue": j}`` (cue j's range) or explicit
-``{"start", "end"}``; ``{"temporal": false, "windows": []}`` when no time constraint is
-needed. Pointing is far easier to learn than spelling dates (0.36 vs 0.02 exact for a
-from-scratch tiny model in the same minutes, same note) and cannot write a window that
-spans the year by accident. With ``PromptSettings.marks`` a window may also be
-``{"mark": "A+1"}``: the line carrying that anchor/recent mark, the same answer in every
-prompt where ``{"entry": k}`` is whichever number that line has there.
-``tider.locator.parse`` resolves references with the table.
+Output (docs/design.md, decision 2): ``{"temporal": true, "windows": [...]}`` where a
+window is ``{"mark": "H1"}`` (the line carrying that mark), ``{"entry": k}`` (line k's
+span), ``{"cue": j}`` (cue j's range) or explicit ``{"start", "end"}``;
+``{"temporal": false, "windows": []}`` when no window would help: then the query takes
+the semantic channel alone. Pointing is far easier to learn than spelling dates, and a
+mark is the same answer in every prompt where ``{"entry": k}`` is whichever number that
+line has there (docs/experiments.md). ``tider.locator.parse`` resolves references with
+the table.
 
-``tider.locator.contract`` holds the version and the output schema; a locator-v1
-checkpoint (dates only, K similarity-ranked lines) is refused there with a message naming
-both versions: its prompt no longer exists here.
+``tider.locator.contract`` holds the version and the output schema; a checkpoint of an
+earlier prompt version is refused there with a message naming both versions.
 """
 
 from __future__ import annotations
@@ -44,48 +49,50 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from tider.data.gold import unit_window
 from tider.locator.contract import MAX_WINDOWS, OUTPUT_SCHEMA, PROMPT_VERSION, output_schema
-from tider.locator.lines import LineConfig, Selection, entry_scores, select_lines
+from tider.locator.lines import LineConfig, entry_scores, select_lines
 from tider.types import Granularity, Query, Window, format_time
 
-DEFAULT_MAX_PROMPT_TOKENS = 2048
-MAX_WINDOWS = 8
 LINE_WORDS = 12  # a line shows its best message clipped to this many words
 
 SYSTEM_PROMPT = """You are a temporal window locator for a conversational memory.
 You see a question, when it was asked, the time cues a date library resolved from it, and
-numbered timeline lines from the memory in time order ("C1" on a line: it overlaps cue 1).
-Answer with one JSON object and nothing else, pointing at the evidence:
-{"temporal": true, "windows": [{"entry": <line number>}, {"cue": <cue number>}, {"start": "<time>", "end": "<time>"}]}
-(any mix, at most {max_windows} windows, times as {time_format}), or, when the question
-has no time constraint: {"temporal": false, "windows": []}"""
+numbered timeline lines from the memory in time order. Marks on a line: C1 (it overlaps cue 1),
+A (the event the question names), A-1 / A+1 (the relevant line before / after it), R (the latest
+relevant line), H1, H2... (the lines holding the best search hits, in order), T (the line reaches
+the day the question is asked); "h3/9": 3 of the top 50 search hits lie in the line's span, which
+holds 9 messages. Answer with one JSON object and nothing else, pointing at the evidence:
+{"temporal": true, "windows": [{"mark": "<mark>"}, {"entry": <line number>}, {"cue": <cue number>}, {"start": "<time>", "end": "<time>"}]}
+(any mix, at most {max_windows} windows, times as {time_format}), or, when no window would help:
+{"temporal": false, "windows": []}"""
 
 TIME_FORMATS = {"day": "YYYY-MM-DD", "minute": "YYYY-MM-DDTHH:MM"}
+# The marks a {"mark"} answer may name. A cue mark (C<j>) can sit on several lines;
+# {"cue": j} already names the cue. T is a fact about a line, not a name for one.
+POINTER_MARK = re.compile(r"A([+-][0-9]+)?|R|H[0-9]+")
+
+# Prompt settings of earlier versions that no longer exist, with the value every shipped
+# checkpoint had: metadata holding that value still reads; another value cannot be rebuilt.
+REMOVED_SETTINGS = {
+    "select": "structured",
+    "show_cues": True,
+    "pointers": True,
+    "repeat_question": False,
+    "marks": True,
+}
+LAST_COMMIT_WITH_REMOVED_SETTINGS = "fa11d15"
 
 
 @dataclass(frozen=True)
 class PromptSettings:
-    """Everything that shapes the prompt; recorded with a checkpoint so serving rebuilds it."""
+    """Everything that shapes the prompt; recorded with a checkpoint so serving rebuilds it.
+    Defaults are the production recipe's (``configs/*/qwen3-1.7b.yaml``)."""
 
     lines: LineConfig = field(default_factory=LineConfig)
-    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    max_prompt_tokens: int = 3584
     system_prompt: bool = True  # the instructions above; a from-scratch model learns the task without them
-    # The v2 elements, each of which can be switched off (the learning benchmark's ablation):
-    select: str = "structured"  # "structured" (tider.locator.lines) or "similarity" (v1: top lines by similarity)
-    show_cues: bool = True  # resolved time cues in the prompt and as {"cue": j} targets
-    pointers: bool = True  # lines tagged L<k> and answered by reference; False: answers spell dates
-    # Also answer by a line's mark ({"mark": "A+1"}, "R"): the answer to "the review after
-    # the reorg" is then the same token in every prompt, not the number of whichever line
-    # carries A+1 (README, learning benchmark). Off in locator-v2 checkpoints made before it.
-    marks: bool = False
-    # Repeat the question after the timeline, next to the answer, so that a word the answer
-    # hinges on ("before" / "after") is a few tokens back. Measured: it did not make the
-    # answer follow that word (README ablation); an answer-only SFT phase did.
-    repeat_question: bool = False
-
-    def __post_init__(self) -> None:
-        if self.select not in ("structured", "similarity"):
-            raise ValueError(f"prompt select {self.select!r}: choose 'structured' or 'similarity'")
+    question_words: int = 64  # the question is clipped to this many words; the lines carry the signal
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -93,6 +100,12 @@ class PromptSettings:
     @classmethod
     def from_json(cls, data: dict) -> PromptSettings:
         data = dict(data)
+        for name, shipped in REMOVED_SETTINGS.items():
+            if name in data and data.pop(name) != shipped:
+                raise ValueError(
+                    f"prompt setting {name!r} was removed (its value here cannot be rebuilt); commit "
+                    f"{LAST_COMMIT_WITH_REMOVED_SETTINGS} is the last that supports it"
+                )
         return cls(lines=LineConfig(**data.pop("lines", {})), **data)
 
 
@@ -117,26 +130,22 @@ class LocatorInput:
             "lines": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.lines],
             "cues": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.cues],
         }
-        return json.dumps({**table, "marks": dict(self.marks)} if self.marks else table)
+        return json.dumps({**table, "marks": dict(self.marks)})
 
 
-MARKS_NOTE = """
-A window may also be {"mark": "<mark>"}: the line carrying that mark (A: the event the question
-names, A-1 / A+1: the relevant line before / after it, R: the latest relevant line)."""
-# The marks a {"mark"} answer may name: the anchor's and the latest relevant line's. A cue
-# mark (C<j>) can sit on several lines; {"cue": j} already names the cue.
-POINTER_MARK = re.compile(r"A([+-][0-9]+)?|R")
+def system_prompt(granularity: Granularity) -> str:
+    return SYSTEM_PROMPT.replace("{time_format}", TIME_FORMATS[granularity]).replace("{max_windows}", str(MAX_WINDOWS))
 
 
-def system_prompt(granularity: Granularity, marks: bool = False) -> str:
-    text = SYSTEM_PROMPT + (MARKS_NOTE if marks else "")
-    return text.replace("{time_format}", TIME_FORMATS[granularity]).replace("{max_windows}", str(MAX_WINDOWS))
+def clip_words(text: str, n: int) -> str:
+    words = str(text).split()
+    return " ".join(words[:n]) + (" ..." if len(words) > n else "")
 
 
-def question_block(query: Query, granularity: Granularity) -> str:
+def question_block(query: Query, granularity: Granularity, words: int = 64) -> str:
     asked = format_time(query.asked_at, granularity)
     who = f" by {query.user}" if query.user else ""
-    return f"Question: {query.text}\nAsked at: {asked}{who}"
+    return f"Question: {clip_words(query.text, words)}\nAsked at: {asked}{who}"
 
 
 def _span(start, end, granularity: Granularity) -> str:
@@ -148,27 +157,34 @@ def cue_line(j: int, cue, granularity: Granularity) -> str:
     return f'C{j} "{cue.text}" = {_span(cue.window.start, cue.window.end, granularity)}'
 
 
-def entry_line(k: int | None, entry, marks: Sequence[str], message, granularity: Granularity) -> str:
-    """``<span> [marks] | <speaker>: <best message> | L<k>`` (no tag when ``k`` is None);
-    marks: ``C<j>`` inside cue j, ``A`` / ``A-<n>`` / ``A+<n>`` the anchor and its n-th
-    relevant neighbour before / after it, ``R`` the latest relevant line."""
-    words = " ".join(str(message.text).split()).split(" ")
-    text = " ".join(words[:LINE_WORDS]) + (" ..." if len(words) > LINE_WORDS else "")
-    mark = "".join(f" {m}" for m in marks)
-    tag = f" | L{k}" if k is not None else ""
-    return f"{_span(entry.start, entry.end, granularity)}{mark} | {message.speaker}: {text}{tag}"
+@dataclass(frozen=True)
+class LineFacts:
+    """What one line shows: its span, marks, what retrieval sees in it, its best message."""
+
+    span: Window
+    marks: tuple[str, ...]
+    hits: int
+    size: int
+    message: object
 
 
-def _render(
-    query: Query, cue_lines: list[str], lines: list[str], granularity: Granularity, repeat: bool = False
-) -> str:
+def entry_line(k: int, facts: LineFacts, granularity: Granularity) -> str:
+    """``<span> [marks] | h<hits>/<size> | <speaker>: <best message> | L<k>``."""
+    mark = "".join(f" {m}" for m in facts.marks)
+    text = clip_words(facts.message.text, LINE_WORDS)
+    return (
+        f"{_span(facts.span.start, facts.span.end, granularity)}{mark} | h{facts.hits}/{facts.size} | "
+        f"{facts.message.speaker}: {text} | L{k}"
+    )
+
+
+def render(query: Query, cue_lines: list[str], lines: list[str], granularity: Granularity, words: int) -> str:
     cues = "\n".join(cue_lines) if cue_lines else "(none)"
     timeline = "\n".join(lines) if lines else "(no timeline entries)"
-    again = f"\nQuestion: {query.text}" if repeat else ""
-    return f"{question_block(query, granularity)}\nCues:\n{cues}\nTimeline:\n{timeline}{again}"
+    return f"{question_block(query, granularity, words)}\nCues:\n{cues}\nTimeline:\n{timeline}"
 
 
-def _count_tokens(tokenizer, messages: list[dict]) -> int:
+def count_tokens(tokenizer, messages: list[dict]) -> int:
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
@@ -177,73 +193,91 @@ def _count_tokens(tokenizer, messages: list[dict]) -> int:
     return sum(len(tokenizer(m["content"])["input_ids"]) for m in messages)
 
 
+def line_facts(query: Query, store, cues: Sequence, settings: PromptSettings, query_vector=None):
+    """``(priority, facts)``: the visible timeline's entries to show, most needed first, and
+    what each shows (``LineFacts`` by entry index)."""
+    memory = store.messages(query.memory_key)
+    timeline = store.timeline(query.memory_key).visible(query.asked_at)
+    if timeline is None or not len(timeline):
+        return [], {}
+    if query_vector is None:
+        query_vector = timeline.embedder.encode([query.text])[0]
+    scores, best = entry_scores(timeline, timeline.embeddings @ np.asarray(query_vector, dtype=np.float32))
+    ranked = store.ranking(query).ids[: settings.lines.hit_depth]
+    starts = np.asarray(timeline.starts, dtype=np.int64)
+    ranked = ranked[ranked < timeline.end]
+    hit_entries = [int(j) for j in np.searchsorted(starts, ranked, side="right") - 1]
+    selection = select_lines(query.text, timeline, scores, cues, settings.lines, hits=hit_entries)
+    asked_day = query.asked_at.date()
+    facts = {}
+    for j in selection.picked:
+        span = timeline.span(j)
+        lo, hi = memory.id_range(unit_window(span.start, span.end, memory.granularity))  # what a window on it holds
+        hi = min(hi, timeline.end)
+        marks = tuple(selection.marks.get(j, ())) + (("T",) if span.end.date() >= asked_day else ())
+        hits = int(((ranked >= lo) & (ranked < hi)).sum())
+        facts[j] = LineFacts(span, marks, hits, max(hi - lo, 0), memory[int(best[j])])
+    return selection.picked, facts
+
+
 def locator_input(
     query_public: Query,
-    memory,
-    timeline,
+    store,
     cues: Sequence,
-    granularity: Granularity,
     settings: PromptSettings = PromptSettings(),
     *,
     query_vector: np.ndarray | None = None,
     tokenizer=None,
 ) -> LocatorInput:
-    """The v2 prompt for one query. ``timeline`` must already be the visible one
-    (``Timeline.visible(asked_at)``) and ``cues`` the clipped ones (``rules.query_cues``).
-    With a ``tokenizer``, the lowest-priority lines are dropped until the chat fits
-    ``settings.max_prompt_tokens`` (TRL no longer truncates prompts, and a cut inside a
-    line would hand the model a broken date)."""
+    """The prompt for one query over the memory it names in ``store`` (a
+    ``tider.memory.store.MemoryStore``), with its clipped time ``cues``
+    (``rules.query_cues``). With a ``tokenizer``, the lowest-priority lines are dropped
+    until the chat fits ``settings.max_prompt_tokens`` (TRL no longer truncates prompts,
+    and a cut inside a line would hand the model a broken date)."""
     if query_public.gold.answer is not None or query_public.gold.evidence_ids or query_public.gold.windows:
         raise ValueError(f"query {query_public.key!r}: locator_input takes query.public(), not a query with gold")
-    if timeline is None or not len(timeline):
-        scores, best = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64)
-    else:
-        if query_vector is None:
-            query_vector = timeline.embedder.encode([query_public.text])[0]
-        scores, best = entry_scores(timeline, timeline.embeddings @ np.asarray(query_vector, dtype=np.float32))
-    cues = tuple(cues) if settings.show_cues else ()
-    if not len(scores):
-        selection = Selection()
-    elif settings.select == "structured":
-        selection = select_lines(query_public.text, timeline, scores, cues, settings.lines)
-    else:  # v1: the most similar entries, no marks
-        selection = Selection(
-            [int(i) for i in np.lexsort((np.arange(len(scores)), -scores))[: settings.lines.max_lines]]
-        )
-    priority, marks = selection.picked, selection.marks
-    head = [{"role": "system", "content": system_prompt(granularity, settings.marks)}] if settings.system_prompt else []
+    granularity = store.messages(query_public.memory_key).granularity
+    priority, facts = line_facts(query_public, store, cues, settings, query_vector)
+    head = [{"role": "system", "content": system_prompt(granularity)}] if settings.system_prompt else []
     cue_text = [cue_line(j, c, granularity) for j, c in enumerate(cues, start=1)]
 
     def build(n: int) -> LocatorInput:
         shown = sorted(priority[:n])
-        text = [
-            entry_line(
-                k if settings.pointers else None, timeline.span(i), marks.get(i, ()), memory[int(best[i])], granularity
-            )
-            for k, i in enumerate(shown, start=1)
-        ]
-        messages = head + [
-            {"role": "user", "content": _render(query_public, cue_text, text, granularity, settings.repeat_question)}
-        ]
-        lines = tuple(timeline.span(i) for i in shown) if settings.pointers else ()
-        refs = (
-            tuple((m, k) for k, i in enumerate(shown, start=1) for m in marks.get(i, ()) if POINTER_MARK.fullmatch(m))
-            if settings.pointers and settings.marks
-            else ()
+        text = [entry_line(k, facts[i], granularity) for k, i in enumerate(shown, start=1)]
+        user = render(query_public, cue_text, text, granularity, settings.question_words)
+        refs = tuple((m, k) for k, i in enumerate(shown, start=1) for m in facts[i].marks if POINTER_MARK.fullmatch(m))
+        parts = (question_block(query_public, granularity, settings.question_words), *cue_text, *text)
+        return LocatorInput(
+            head + [{"role": "user", "content": user}],
+            tuple(facts[i].span for i in shown),
+            tuple(c.window for c in cues),
+            refs,
+            parts,
         )
-        parts = (question_block(query_public, granularity), *cue_text, *text)
-        return LocatorInput(messages, lines, tuple(c.window for c in cues) if settings.pointers else (), refs, parts)
 
-    n = len(priority)
-    if tokenizer is not None:
-        while n > 0 and _count_tokens(tokenizer, build(n).messages) > settings.max_prompt_tokens:
-            n -= 1
-        if n == 0 and _count_tokens(tokenizer, build(0).messages) > settings.max_prompt_tokens:
-            raise ValueError(
-                f"query {query_public.key!r}: the locator prompt needs more than "
-                f"max_prompt_tokens={settings.max_prompt_tokens} tokens even without timeline lines"
-            )
+    if tokenizer is None:
+        return build(len(priority))
+    n = fitting_lines(lambda m: count_tokens(tokenizer, build(m).messages), len(priority), settings.max_prompt_tokens)
+    if n < 0:
+        raise ValueError(
+            f"query {query_public.key!r}: the locator prompt needs more than "
+            f"max_prompt_tokens={settings.max_prompt_tokens} tokens even without timeline lines"
+        )
     return build(n)
+
+
+def fitting_lines(cost, most: int, budget: int) -> int:
+    """The largest ``n <= most`` with ``cost(n) <= budget`` (cost grows with n), or -1.
+    A binary search: tokenizing a chat is the slow part of building prompts."""
+    if cost(most) <= budget:
+        return most
+    if cost(0) > budget:
+        return -1
+    lo, hi = 0, most  # cost(lo) fits, cost(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid)
+    return lo
 
 
 def prompt_hash(granularity: Granularity) -> str:

@@ -317,8 +317,7 @@ class RulesWindows(BaseSource):
     """Learning-free baseline: every time expression of the question becomes a window.
 
     ``pad_days`` widens each window on both sides (LongMemEval's time-aware expansion pads
-    +-2 days); the retriever's distance decay already softens the edges, so the default
-    is a small pad. No resolvable expression -> ``temporal=false`` (semantic path)."""
+    +-2 days); the default is a small pad. No resolvable expression -> ``temporal=false`` (semantic path)."""
 
     name = "rules"
 
@@ -326,8 +325,8 @@ class RulesWindows(BaseSource):
         self.pad = timedelta(days=pad_days)
         self.resolver = resolver or shared_resolver()
 
-    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
-        cues = query_cues(self.resolver, query, memory)
+    def predict(self, query: Query, store) -> WindowPrediction:
+        cues = query_cues(self.resolver, query, store.messages(query.memory_key))
         if not cues:
             return NON_TEMPORAL
         windows = sorted({c.window.widen(self.pad) for c in cues})

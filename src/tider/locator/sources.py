@@ -1,9 +1,10 @@
 """Window sources: everything that turns a query into a ``WindowPrediction``.
 
-Interface (``WindowSource``): ``name``, ``predict(query, memory, timeline)``, optionally
-``predict_batch(queries, memories, timelines)``; a source receives ``query.public()``
-(no gold) at inference. Sources that need indexes (``dbscan-*``) take a
-``tider.memory.MemoryCollection`` (or one ``TemporalMemory``) as ``store=`` at construction.
+Interface (``WindowSource``): ``name``, ``predict(query, store)``, optionally
+``predict_batch(queries, store)``; a source receives ``query.public()`` (no gold) at
+inference and reads the memory it asks about through ``store``, a
+``tider.memory.store.MemoryStore`` (the query's messages in time order, its timeline, the
+semantic ranking of the query), so every backend serves every source.
 
 Registry: ``@register_source("name")`` on a class or factory; ``make_source(name, **kw)``
 builds one (unknown names fail with the list of known ones). Sources living in other
@@ -18,24 +19,28 @@ never from the query it is asked about.
 
 Built-in learning-free sources: ``none`` (semantic channel only), ``oracle`` (gold
 windows), ``timeline`` (top-m timeline entries by similarity become the windows),
-``dbscan-paper`` / ``dbscan-tuned`` (T-Mem, in ``tider.locator.dbscan``).
+``top-day`` (the day of the semantic channel's top hit: retrieve, then localize, without
+learning), ``dbscan-paper`` / ``dbscan-tuned`` (T-Mem, in ``tider.locator.dbscan``),
+``rules`` (the question's time expressions, in ``tider.locator.rules``).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import timedelta
 from typing import Protocol, runtime_checkable
 
+from tider.data.gold import unit_window
 from tider.registry import Registry
-from tider.types import NON_TEMPORAL, Gold, Memory, Query, WindowPrediction
+from tider.types import NON_TEMPORAL, Gold, Query, WindowPrediction
 
 
 @runtime_checkable
 class WindowSource(Protocol):
     name: str
 
-    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction: ...
+    def predict(self, query: Query, store) -> WindowPrediction: ...
 
 
 class BaseSource:
@@ -44,13 +49,11 @@ class BaseSource:
     name = "base"
     evaluation_only = False
 
-    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
+    def predict(self, query: Query, store) -> WindowPrediction:
         raise NotImplementedError
 
-    def predict_batch(
-        self, queries: Sequence[Query], memories: Sequence[Memory], timelines: Sequence
-    ) -> list[WindowPrediction]:
-        return [self.predict(q, m, t) for q, m, t in zip(queries, memories, timelines)]
+    def predict_batch(self, queries: Sequence[Query], store) -> list[WindowPrediction]:
+        return [self.predict(q, store) for q in queries]
 
 
 # name -> module that registers it when imported (kept lazy: these import torch or an HTTP client).
@@ -104,7 +107,7 @@ class NoWindows(BaseSource):
 
     name = "none"
 
-    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
+    def predict(self, query: Query, store) -> WindowPrediction:
         return NON_TEMPORAL
 
 
@@ -127,7 +130,7 @@ class OracleWindows(BaseSource):
     def __init__(self, gold_by_key: Mapping[str, WindowPrediction]):
         self.gold_by_key = dict(gold_by_key)
 
-    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
+    def predict(self, query: Query, store) -> WindowPrediction:
         try:
             return self.gold_by_key[query.key]
         except KeyError:
@@ -147,12 +150,31 @@ class TimelineWindows(BaseSource):
         self.top_m = top_m
         self.pad_days = pad_days
 
-    def predict(self, query: Query, memory: Memory, timeline) -> WindowPrediction:
-        from datetime import timedelta
-
+    def predict(self, query: Query, store) -> WindowPrediction:
+        timeline = store.timeline(query.memory_key)
         entries = timeline.visible(query.asked_at).top_k(query.text, self.top_m) if timeline is not None else []
         if not entries:
             return NON_TEMPORAL
         pad = timedelta(days=self.pad_days)
         windows = sorted({e.window.widen(pad) for e in entries})
         return WindowPrediction(temporal=True, windows=tuple(windows))
+
+
+@register_source("top-day")
+class TopDayWindow(BaseSource):
+    """Retrieve, then localize, without learning: one window on the day of the semantic
+    channel's top hit (``pad_days`` more on each side), so the rest of that day's messages
+    compete for the top k. No visible message -> the semantic path."""
+
+    name = "top-day"
+
+    def __init__(self, pad_days: float = 0.0):
+        self.pad = timedelta(days=pad_days)
+
+    def predict(self, query: Query, store) -> WindowPrediction:
+        ranked = store.ranking(query)
+        if not len(ranked.ids):
+            return NON_TEMPORAL
+        hit = store.messages(query.memory_key)[int(ranked.ids[0])].timestamp
+        day = unit_window(hit, hit, "day").widen(self.pad)
+        return WindowPrediction(temporal=True, windows=(day,))

@@ -1,9 +1,9 @@
-"""``MemoryCollection``: one in-process ``TemporalMemory`` per conversation.
+"""``MemoryCollection``: a ``MemoryStore`` of one in-process ``TemporalMemory`` per conversation.
 
 The evaluation harness (``tider eval retrieval|qa|compare``), the GRPO rewards and the
-window sources that need indexes search through this, so they run the query path users
-run (DESIGN decision 12). It needs the memories only, never the queries or their gold:
-a query is searched by its public part. Each memory is built on first use from the
+training prompts read a dataset's memories through this, so they run the query path users
+run (docs/design.md, decision 12). It needs the memories only, never the queries or their
+gold: a query is searched by its public part. Each memory is built on first use from the
 loaded ``Memory`` (messages in its time order, so a message's position is its ``id``
 there and gold evidence ids line up); one embedder (and its on-disk cache) serves all.
 """
@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from tider.memory.store import Ranking
 from tider.memory.temporal_memory import TemporalMemory
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Memory, Query, WindowPrediction
@@ -50,15 +51,15 @@ class MemoryCollection:
             self._built[memory_key] = mem
         return self._built[memory_key]
 
-    # What window sources and the harness read, per memory key.
-    def indexes(self, memory_key: str) -> TemporalMemory:
-        return self.get(memory_key)
+    # -- tider.memory.store.MemoryStore --------------------------------------------------
+    def names(self) -> list[str]:
+        return list(self.memories)
 
-    def memory(self, memory_key: str) -> Memory:
-        return self.get(memory_key).memory
+    def messages(self, name: str) -> Memory:
+        return self.get(name).messages()
 
-    def timeline(self, memory_key: str):
-        return self.get(memory_key).timeline
+    def timeline(self, name: str):
+        return self.get(name).timeline()
 
     def prepare(self, queries: Iterable[Query]) -> None:
         """Embed all query texts in one batch (fills the embedding cache)."""
@@ -66,22 +67,18 @@ class MemoryCollection:
         if texts:
             self.embedder.encode(texts)
 
+    def _public(self, query: Query) -> tuple[TemporalMemory, Query]:
+        mem = self.get(query.memory_key)
+        return mem, mem.query(query.text, query.asked_at, query.user)
+
     def retrieve(
         self, query: Query, prediction: WindowPrediction, k: int | None = None, mode: str | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Dual-channel ``(positions, scores)``, best first, for an already-made prediction."""
-        mem = self.get(query.memory_key)
-        ids, scores, _ = mem.rank(
-            mem.query(query.text, query.asked_at, query.user),
-            prediction,
-            self.config.k if k is None else k,
-            semantic=mode,
-        )
-        return ids, scores
+        mem, public = self._public(query)
+        return mem.retrieve(public, prediction, k, mode)
 
-    def similarity(self, query: Query, mode: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Exact ``(sim, order)`` over the messages the query may see (its past)."""
-        mem = self.get(query.memory_key)
-        q = mem.query(query.text, query.asked_at, query.user)
-        part = mem.semantic_part(q, None, True, mode or self.config.semantic, mem.cut(q.asked_at))
-        return part.sim, part.order
+    def ranking(self, query: Query, mode: str | None = None) -> Ranking:
+        """The semantic channel over the messages the query may see (its past), exact."""
+        mem, public = self._public(query)
+        return mem.ranking(public, mode, exact=True)

@@ -52,7 +52,8 @@ def build_context(
     from tider.forest.select import select_evidence
     from tider.forest.structure import LLMRelationClassifier, build_forest, make_classifier
 
-    memory, g = mem.memory, mem.memory.granularity
+    memory = mem.messages()
+    g = memory.granularity
     query = mem.query(text, asked_at, user)
     prediction = mem.predict(query, windows)
     seeds, _, _ = mem.rank(query, prediction, mem.config.k if k is None else k)

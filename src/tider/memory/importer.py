@@ -46,6 +46,6 @@ def import_dataset(
             Path(out) / name, config=config, embedder=embedder, name=name, granularity=dataset.granularity
         ) as mem:
             mem.add(dataset.memories[key].messages)
-            mem.state.timeline()  # built once here (it is lazy), saved with the store
+            mem.timeline()  # built once here, saved with the store
             counts[name] = len(mem)
     return counts

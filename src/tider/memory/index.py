@@ -14,12 +14,12 @@ contribute 0). Here the same fusion runs over candidate lists:
 * ``sim`` of a candidate = the RRF of its ranks, with the exact path's arithmetic, so a
   candidate ranked the same gets bit-identical ``sim``; every other message has sim 0.
 
-The dual-channel rank then runs on the candidates: the semantic channel is their top-k;
-the temporal channel takes the candidates inside the windows widened by ``tau_buf``
-(id ranges, since positions are in time order) plus, from each window's id range, the
-earliest messages that are not candidates (sim 0 ties broken by lower id, the exact
-path's order). So with complete lists (a memory no larger than the depths) this is the
-exact result; what it gives up at scale is the dense contribution of ranks between
+The dual-channel rank then runs on the candidates: the semantic channel is their order;
+the temporal channel ranks the candidates inside the windows (id ranges, since positions
+are in time order) plus, from each window's id range, the earliest messages that are not
+candidates (sim 0, ties broken by lower id: the exact path's order), and the two are fused
+by rank (``tider.retrieval.retriever.fuse_ranks``). So with complete lists (a memory no
+larger than the depths) this is the exact result; what it gives up at scale is the dense contribution of ranks between
 ``index_depth`` and ``rrf_depth`` and whatever HNSW misses (measured in
 ``bench/bench_retrieval.py``).
 """
@@ -32,7 +32,7 @@ import numpy as np
 
 from tider.retrieval import channels
 from tider.retrieval.config import RetrievalConfig
-from tider.retrieval.retriever import rerank_top_k
+from tider.retrieval.retriever import fuse_ranks, uses_windows
 from tider.types import WindowPrediction
 
 
@@ -111,21 +111,25 @@ def indexed_rank(
     """The dual-channel ``(positions, scores)`` over the candidates (see module docstring)."""
     k = config.k if k is None else k
     semantic, semantic_sim = semantic_top_k(c, k)
-    if not (config.temporal and prediction.temporal and prediction.windows):
+    if not uses_windows(prediction, config):
         return semantic, semantic_sim
-    past = ts_days[: c.cut]
-    windows = channels.window_days(prediction.windows)
-    widened = channels.id_ranges(past, windows, config.tau_buf_days)
-    inside = channels.id_ranges(past, windows, 0.0)
-    in_range = np.zeros(len(c.ids), dtype=bool)
-    for lo, hi in widened:
-        in_range |= (c.ids >= lo) & (c.ids < hi)
+    inside = channels.id_ranges(ts_days[: c.cut], channels.window_days(prediction.windows))
+    in_window = np.zeros(len(c.ids), dtype=bool)
+    for lo, hi in inside:
+        in_window |= (c.ids >= lo) & (c.ids < hi)
     by_id = np.argsort(c.ids)
     taken, taken_sim = c.ids[by_id], c.sim[by_id]
-    pool = np.unique(np.concatenate([semantic, c.ids[in_range], *_fillers(inside + widened, taken, k)]))
+    pool = np.unique(np.concatenate([semantic, c.ids[in_window], *_fillers(inside, taken, k)]))
     sim = np.zeros(len(pool), dtype=np.float32)
-    if len(taken):
-        at = np.minimum(np.searchsorted(taken, pool), len(taken) - 1)
-        known = taken[at] == pool
-        sim[known] = taken_sim[at[known]]
-    return rerank_top_k(pool, sim, ts_days[pool], windows, config, k)
+    rank = np.full(len(pool), np.inf)
+    at = np.minimum(np.searchsorted(taken, pool), max(len(taken) - 1, 0))
+    known = taken[at] == pool if len(taken) else np.zeros(len(pool), dtype=bool)
+    sim[known] = taken_sim[at[known]]
+    rank[known] = by_id[at[known]] + 1  # its place in the best-first candidate list
+    # Past the candidates the exact order is by id: count the non-candidates before each.
+    rank[~known] = len(c.ids) + pool[~known] - np.searchsorted(taken, pool[~known]) + 1
+    rank[rank > config.rrf_depth] = np.inf
+    in_pool = np.zeros(len(pool), dtype=bool)
+    for lo, hi in inside:
+        in_pool |= (pool >= lo) & (pool < hi)
+    return fuse_ranks(pool, sim, rank, in_pool, config.rrf_k, k)

@@ -218,7 +218,7 @@ def _add_routes(app: FastAPI, root: Path, memory) -> None:
             hits = mem.search(body.text, asked_at=body.asked_at, user=body.user, k=body.k, windows=body.windows)
         except MemoryInputError as err:
             raise _input_error(err) from None
-        g = mem.memory.granularity
+        g = mem.messages().granularity
         prediction = hits.prediction.to_json(g) if hits.prediction.temporal else {"temporal": False, "windows": []}
         return SearchResponse(
             hits=[

@@ -10,7 +10,7 @@ hits.ids, hits.scores, hits.messages, hits.prediction
 
 Ids. A message has three names: its ``key`` (given, or generated from its content), its
 *row* (the order it was added in: its line in the segment files and its faiss id, never
-renumbered) and its *position* in time order (``Message.id`` in ``self.memory``, which is
+renumbered) and its *position* in time order (``Message.id`` in ``messages()``, which is
 what windows, BM25 and the timeline work on: a window is a contiguous position range).
 ``row_of_pos`` maps one to the other. Messages added in time order (the usual case) get
 position == row and everything only appends; a message older than the newest one moves
@@ -37,7 +37,7 @@ import contextlib
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -47,6 +47,7 @@ import numpy as np
 
 from tider.memory import index as indexed
 from tider.memory.records import MemoryInputError, to_messages, to_utc
+from tider.memory.store import Ranking
 from tider.memory.store_state import MemoryState
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.retriever import dual_channel_rank, exact_similarity
@@ -145,25 +146,26 @@ class TemporalMemory:
         self._cache_lock = threading.Lock()
         self._lock = ReadWriteLock()  # adds are serialized and exclusive; searches run together
 
-    # -- the memory ---------------------------------------------------------------------
-    @property
-    def memory(self) -> Memory:
-        return self.state.memory
-
+    # -- the memory (``tider.memory.store.MemoryStore``: a store of one memory) ----------
     def __len__(self) -> int:
         return len(self.state.memory)
 
-    @property
-    def timeline(self):
+    def names(self) -> list[str]:
+        return [self.name]
+
+    def _own(self, name: str | None) -> None:
+        if name is not None and name != self.name:
+            raise KeyError(f"this store holds memory {self.name!r}, not {name!r}")
+
+    def messages(self, name: str | None = None) -> Memory:
+        """The messages in time order (``Message.id`` is the position)."""
+        self._own(name)
+        return self.state.memory
+
+    def timeline(self, name: str | None = None):
+        """The event clusters (built on first use after an add, saved with the store)."""
+        self._own(name)
         return self.state.timeline()
-
-    def indexes(self, memory_key: str | None = None) -> TemporalMemory:
-        """What window sources that need indexes (``dbscan-*``) read: ``.bm25``, ``.timeline``."""
-        return self
-
-    @property
-    def bm25(self):
-        return self.state.bm25()
 
     def add(self, messages: Sequence[Message | Mapping], vectors: np.ndarray | None = None) -> list[str]:
         """Add messages (dicts or ``Message``s); ``vectors`` (n x dim float32, one row per
@@ -209,13 +211,13 @@ class TemporalMemory:
             raise MemoryInputError("text", f"expected a string, got {type(text).__name__}")
         when = to_utc(asked_at, "asked_at") if asked_at is not None else None
         if when is None:
-            when = self.memory.timestamps[-1] if len(self) else datetime(1970, 1, 1)
+            when = self.state.memory.timestamps[-1] if len(self) else datetime(1970, 1, 1)
         digest = hashlib.sha1(repr((text, when.isoformat(), user)).encode()).hexdigest()[:12]
         return Query(key=f"{self.name}:{digest}", memory_key=self.name, text=text, asked_at=when, user=user)
 
     def predict(self, query: Query, windows="none") -> WindowPrediction:
         """The window source's prediction: ``windows`` is a registered name, a source
-        object (``predict(query, memory, timeline)``) or a ``WindowPrediction``."""
+        object (``predict(query, store)``) or a ``WindowPrediction``."""
         if isinstance(windows, WindowPrediction):
             return windows
         if windows is None or windows == "none":
@@ -225,7 +227,7 @@ class TemporalMemory:
             raise MemoryInputError(
                 "windows", f"expected a source name, a WindowSource or a WindowPrediction, got {windows!r}"
             )
-        return source.predict(query, self.memory, self.timeline)
+        return source.predict(query, self)
 
     def source(self, name: str):
         """The registered window source ``name``, built once with this memory's options."""
@@ -262,7 +264,7 @@ class TemporalMemory:
         with self._lock.reading():
             prediction = self.predict(query, windows)
             positions, scores, used_exact = self.rank(query, prediction, k, query_vector, exact, semantic)
-            msgs = [self.memory[int(i)] for i in positions]
+            msgs = [self.state.memory[int(i)] for i in positions]
         return SearchHits(
             [m.key for m in msgs], [float(s) for s in scores], msgs, [int(i) for i in positions], prediction, used_exact
         )
@@ -271,7 +273,7 @@ class TemporalMemory:
         """Number of positions a query asked at ``asked_at`` may see."""
         if not self.config.past_only or asked_at is None:
             return len(self)
-        return bisect.bisect_right(self.memory.timestamps, asked_at)
+        return bisect.bisect_right(self.state.memory.timestamps, asked_at)
 
     def rank(
         self,
@@ -331,8 +333,29 @@ class TemporalMemory:
                 self._semantic.popitem(last=False)
         return part
 
-    def prepare(self, texts: Sequence[str]) -> None:
+    def ranking(self, query: Query, mode: str | None = None, exact: bool | None = None) -> Ranking:
+        """The semantic channel for ``query`` over what it may see: every visible position
+        best first (exact scoring), or the index-backed path's candidates."""
+        cut = self.cut(query.asked_at)
+        if cut == 0:
+            return Ranking(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+        if exact is None:
+            exact = len(self) < self.config.index_min_messages
+        part = self.semantic_part(query, None, exact, mode or self.config.semantic, cut)
+        if part.exact:
+            return Ranking(part.order, part.sim[part.order])
+        return Ranking(part.candidates.ids, part.candidates.sim)
+
+    def retrieve(
+        self, query: Query, prediction: WindowPrediction, k: int | None = None, mode: str | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Dual-channel ``(positions, scores)``, best first, for an already-made prediction."""
+        ids, scores, _ = self.rank(query, prediction, self.config.k if k is None else k, semantic=mode)
+        return ids, scores
+
+    def prepare(self, queries: Iterable[Query | str]) -> None:
         """Embed query texts in one batch (fills the embedding cache)."""
+        texts = [q if isinstance(q, str) else q.text for q in queries]
         self.state.embed_queries(list(dict.fromkeys(texts)))
 
     # -- the forest back end --------------------------------------------------------------

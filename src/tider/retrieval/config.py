@@ -1,9 +1,10 @@
 """Every retrieval parameter in one dataclass, with the paper defaults and their units.
 
-TIDER defaults (its Fig. 8 / Table 13): k=20, lambda_boost=0.3, gamma_min=0.3,
-rho=0.05 per day, tau_buf=14 days, timeline Delta_date=7 days, theta_sem=0.85, cap=40,
-K=30 timeline entries in the locator prompt. Durations are stored in *days* (floats),
-so hour-scale data just uses fractions (12 h == 0.5).
+TIDER defaults (its Table 13): k=20, timeline Delta_date=7 days, theta_sem=0.85 (see
+``TimelineConfig`` for why not here), cap=40. The channels are fused by reciprocal rank
+(``tider.retrieval.retriever`` says why TIDER's distance-decay rerank is not used).
+Durations are stored in *days* (floats), so hour-scale data just uses fractions
+(12 h == 0.5).
 """
 
 from __future__ import annotations
@@ -62,17 +63,31 @@ class DBSCANConfig:
     max_windows: int | None = None
 
 
+# Settings of TIDER's distance-decay rerank, replaced by rank fusion (``retriever``): a
+# config or a store manifest that holds them at their old defaults still loads; another
+# value asked for a fusion this code no longer has.
+REMOVED_FUSION_SETTINGS = {"lambda_boost": 0.3, "gamma_min": 0.3, "rho_per_day": 0.05, "tau_buf_days": 14.0}
+LAST_COMMIT_WITH_THEM = "fa11d15"
+
+
+def drop_removed(data: dict) -> dict:
+    """``data`` without the removed fusion settings; raises if one holds another value."""
+    for name, default in REMOVED_FUSION_SETTINGS.items():
+        if name in data and data[name] != default:
+            raise ValueError(
+                f"retrieval setting {name}={data[name]!r} belongs to the distance-decay rerank, which rank fusion "
+                f"replaced (tider.retrieval.retriever); commit {LAST_COMMIT_WITH_THEM} is the last that has it"
+            )
+    return {k: v for k, v in data.items() if k not in REMOVED_FUSION_SETTINGS}
+
+
 @dataclass
 class RetrievalConfig:
     """Dual-channel retrieval (see ``tider.retrieval.retriever`` for the formula)."""
 
     k: int = 20
     semantic: SemanticMode = "hybrid"
-    rrf_k: int = 60
-    lambda_boost: float = 0.3
-    gamma_min: float = 0.3
-    rho_per_day: float = 0.05
-    tau_buf_days: float = 14.0
+    rrf_k: int = 60  # the RRF constant of both fusions: dense with BM25, and semantic with temporal
     temporal: bool = True  # False: every query takes the semantic-only path
     # No memory from the future: rank only messages at or before the query's asked_at
     # (every window source alike, the oracle included). False: the whole memory.
@@ -109,6 +124,7 @@ class RetrievalConfig:
     @classmethod
     def from_json(cls, data: dict) -> RetrievalConfig:
         known = {f.name for f in fields(cls)}
+        data = drop_removed(data)
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown retrieval config keys {sorted(unknown)}; known: {sorted(known)}")

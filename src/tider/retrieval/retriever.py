@@ -1,28 +1,36 @@
-"""The dual-channel retriever (TIDER Sec. 3).
+"""The dual-channel retriever: a semantic channel and a temporal channel, fused by rank.
 
 For a query q and a window prediction P:
 
 1. ``sim`` = per-message similarity in [0, 1] from the semantic mode (dense / bm25 /
-   hybrid RRF, k=60; formulas in ``tider.retrieval.channels``).
+   hybrid RRF of the two; formulas in ``tider.retrieval.channels``). The **semantic
+   channel** ranks every message the query may see by ``sim``.
 2. Non-temporal P (``temporal=False`` or no windows), or ``config.temporal=False``:
-   return the semantic channel, the top-k of ``sim``, scored by ``sim``.
-3. Otherwise: semantic channel = top-k of ``sim`` over all messages; temporal channel =
-   the messages inside the windows widened by ``tau_buf``, ranked by their decayed
-   similarity (the rerank score below). Their union is reranked by distance decay
-   (``tider.retrieval.rerank``):
-       score(m) = sim(m) * max(gamma_min, exp(-rho * d(m))) + lambda_boost * [d(m) == 0]
-   with d(m) the distance in days to the nearest (unwidened) window, and the top-k returned.
+   the answer is the semantic channel's top-k, scored by ``sim``.
+3. Otherwise the **temporal channel** ranks the messages inside P's windows by ``sim``,
+   and the two rankings are fused by reciprocal rank, as the dense and lexical rankings
+   are fused inside the hybrid mode (same ``rrf_k``, same scale):
 
-Why the temporal channel ranks by the decayed score and not by raw ``sim``: with
-tau_buf = 14 days the widened window holds several sessions, and its raw-similarity
-top-k is mostly *neighbours* of the window; the in-window evidence then never reaches
-the merge. Measured on LoCoMo dev with gold windows: recall@20 0.742 (raw sim) vs 0.864
-(decayed), against 0.544 without windows. Since the final top-k is taken over the same
-score, "top-k of the temporal channel, merged" equals "score every in-range message".
+       score(m) = (rrf_k + 1) / 2 * (1 / (rrf_k + r_sem(m)) + 1 / (rrf_k + r_win(m)))
 
-Results are ``(ids, scores)``, best first, ties broken by lower id (earlier message).
-``tider.memory`` calls this with exact score vectors (small memories, ``exact=True``) and
-with index-backed candidate lists (``tider.memory.index``), so both paths rank alike.
+   with ``r_win`` infinite outside the windows and ``r_sem`` infinite past ``rrf_depth``.
+   The top-k by that score (ties: lower id, the earlier message) is the answer.
+
+Why rank fusion and not TIDER's rerank (``sim * max(gamma_min, exp(-rho d)) +
+lambda_boost * [inside]``, over windows widened by 14 days): a window must promote the
+messages inside it, never take the top k over. Measured on the dev data (mean per-question
+share of the evidence in the top 20; ``bench/bench_regret.py``), TIDER's rerank lets one
+wrong one-day window drop LoCoMo from 0.642 (no window) to 0.114 while gold windows reach
+0.937; with rank fusion a wrong window costs less than half as much (0.452) and gold
+windows still reach 0.932 (RealMem: none 0.389, gold 0.861 -> 0.904, wrong 0.178 ->
+0.311; synthetic: gold 1.000 either way, wrong 0.244 -> 0.412). A buffer around the
+windows with distance decay made wrong windows costlier and gold ones no better, so the
+temporal channel is the windows themselves. At most about half of the top k can come from
+the temporal channel alone: what both channels rank high leads.
+
+Results are ``(ids, scores)``, best first. ``tider.memory`` calls this with exact score
+vectors (small memories, ``exact=True``) and, through ``fuse_ranks``, with index-backed
+candidate lists (``tider.memory.index``), so both paths rank alike.
 """
 
 from __future__ import annotations
@@ -31,7 +39,6 @@ import numpy as np
 
 from tider.retrieval import channels
 from tider.retrieval.config import RetrievalConfig
-from tider.retrieval.rerank import rerank_scores
 from tider.types import WindowPrediction
 
 
@@ -44,6 +51,10 @@ def exact_similarity(
     )
 
 
+def uses_windows(prediction: WindowPrediction, config: RetrievalConfig) -> bool:
+    return bool(config.temporal and prediction.temporal and prediction.windows)
+
+
 def dual_channel_rank(
     sim: np.ndarray,
     ts_days: np.ndarray,
@@ -53,22 +64,33 @@ def dual_channel_rank(
     semantic_order: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Dual-channel ``(ids, scores)`` for one prediction over the messages ``sim`` covers
-    (``ts_days`` aligned with it). ``semantic_order`` (ids sorted by ``sim``, best first)
-    may be passed in when cached, to skip the top-k selection."""
+    (``ts_days`` aligned with it). ``semantic_order`` (every id sorted by ``sim``, best
+    first, ties by lower id) may be passed in when cached."""
     k = config.k if k is None else k
-    semantic = semantic_order[:k] if semantic_order is not None else channels.top_k(sim, k)
-    if not (config.temporal and prediction.temporal and prediction.windows):
-        return semantic, sim[semantic]
-    windows = channels.window_days(prediction.windows)
-    ranges = channels.id_ranges(ts_days, windows, config.tau_buf_days)
-    candidates = np.union1d(semantic, channels.ids_in_ranges(ranges))
-    return rerank_top_k(candidates, sim[candidates], ts_days[candidates], windows, config, k)
+    order = semantic_order if semantic_order is not None else channels.ranked_ids(sim)
+    if not uses_windows(prediction, config):
+        top = order[:k]
+        return top, sim[top]
+    inside = channels.ids_in_ranges(channels.id_ranges(ts_days, channels.window_days(prediction.windows)))
+    rank = np.empty(len(order), dtype=np.float64)
+    rank[order] = np.arange(1, len(order) + 1)
+    pool = np.union1d(order[:k], inside)
+    semantic_rank = rank[pool]
+    semantic_rank[semantic_rank > config.rrf_depth] = np.inf
+    return fuse_ranks(pool, sim[pool], semantic_rank, np.isin(pool, inside, assume_unique=True), config.rrf_k, k)
 
 
-def rerank_top_k(
-    candidates: np.ndarray, sim: np.ndarray, ts_days: np.ndarray, windows: np.ndarray, config: RetrievalConfig, k: int
+def fuse_ranks(
+    pool: np.ndarray, sim: np.ndarray, semantic_rank: np.ndarray, inside: np.ndarray, rrf_k: int, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The distance-decay score of each candidate, top-``k`` best first (ties: lower id)."""
-    scores = rerank_scores(sim, ts_days, windows, config.lambda_boost, config.gamma_min, config.rho_per_day)
-    order = np.lexsort((candidates, -scores))[:k]
-    return candidates[order], scores[order].astype(np.float32)
+    """Top-``k`` of ``pool`` by the fused score (module docstring). ``pool`` holds every
+    message that can reach the top k: the semantic top k and every message in the windows
+    (or, on the index path, the first ones the temporal channel ranks); ``sim``,
+    ``semantic_rank`` (1-based, inf when unranked) and ``inside`` are aligned with it."""
+    members = pool[inside]
+    window_order = np.lexsort((members, -sim[inside]))
+    window_rank = np.full(len(pool), np.inf)
+    window_rank[np.flatnonzero(inside)[window_order]] = np.arange(1, len(members) + 1)
+    scores = channels.rrf_similarity(semantic_rank, window_rank, rrf_k)
+    best = np.lexsort((pool, -scores))[:k]
+    return pool[best], scores[best]

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tider.hardware import resolve_dtype
+from tider.locator.lines import LineConfig
+from tider.locator.prompt import PromptSettings
 from tider.types import WINDOW_BUCKETS
 
 
@@ -40,27 +42,25 @@ class LocatorScriptArguments:
         default=1000, metadata={"help": "Seed of the train-only conversations (>= 1000 by convention)."}
     )
     split_seed: int = field(default=0, metadata={"help": "Seed of the by-conversation train/validation/test split."})
+    validation_memories: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Fixed split: these memories (conversations, personas) are validation; with "
+            "test_memories, every other memory is train. Empty: a seeded 80/10/10 split (split_seed)."
+        },
+    )
+    test_memories: list[str] = field(
+        default_factory=list, metadata={"help": "Fixed split: these memories are test (never trained on)."}
+    )
     prompt_lines: int = field(
-        default=12, metadata={"help": "Timeline lines in the locator prompt (tider.locator.lines)."}
+        default=LineConfig().max_lines, metadata={"help": "Timeline lines in the locator prompt (tider.locator.lines)."}
     )
     prompt_system_message: bool = field(
         default=True, metadata={"help": "Send the locator instructions as a system message."}
     )
-    prompt_select: str = field(
-        default="structured", metadata={"help": "Line selection: structured (v2) or similarity (v1)."}
-    )
-    prompt_show_cues: bool = field(default=True, metadata={"help": "Resolved time cues in the prompt (v2)."})
-    prompt_pointers: bool = field(
-        default=True, metadata={"help": "Tagged lines, answers by reference (v2); false: spelled dates."}
-    )
-    prompt_repeat_question: bool = field(
-        default=False, metadata={"help": "Repeat the question after the timeline lines."}
-    )
-    prompt_marks: bool = field(
-        default=False, metadata={"help": 'Also answer by a line\'s anchor/recent mark ({"mark": "A+1"}).'}
-    )
     max_prompt_tokens: int = field(
-        default=2048, metadata={"help": "Prompt token budget; the least-needed timeline lines are dropped to fit."}
+        default=PromptSettings().max_prompt_tokens,
+        metadata={"help": "Prompt token budget; the least-needed timeline lines are dropped to fit."},
     )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Cap on training prompts (after DAR for GRPO)."}
@@ -87,19 +87,11 @@ class LocatorScriptArguments:
         default="tider", metadata={"help": "wandb project (offline unless WANDB_API_KEY is set)."}
     )
 
-    def prompt_settings(self):
-        from tider.locator.lines import LineConfig
-        from tider.locator.prompt import PromptSettings
-
+    def prompt_settings(self) -> PromptSettings:
         return PromptSettings(
             lines=LineConfig(max_lines=self.prompt_lines),
             max_prompt_tokens=self.max_prompt_tokens,
             system_prompt=self.prompt_system_message,
-            select=self.prompt_select,
-            show_cues=self.prompt_show_cues,
-            pointers=self.prompt_pointers,
-            marks=self.prompt_marks,
-            repeat_question=self.prompt_repeat_question,
         )
 
 
@@ -108,7 +100,9 @@ class GRPOScriptArguments(LocatorScriptArguments):
     """GRPO-only options: rewards, DAR, and what the retrieval-based rewards use."""
 
     reward_funcs: list[str] = field(
-        default_factory=lambda: ["format", "switch", "window_iou", "evidence_coverage"],
+        # The production recipe's list: evidence_gain, not evidence_coverage, which a window
+        # spanning the whole memory wins (docs/experiments.md, "rewards a shortcut cannot win").
+        default_factory=lambda: ["format", "switch", "window_iou", "evidence_gain", "answer_correct"],
         metadata={"help": "Reward names from tider.train.rewards; weights go in reward_weights (GRPOConfig)."},
     )
     dar: bool = field(

@@ -7,10 +7,10 @@ is a seeded shuffle of the sorted keys, so it depends only on the set of keys an
 
 Records follow TRL's conversational formats:
 - SFT, prompt-completion: ``{"prompt": [system, user], "completion": [assistant]}`` where
-  the assistant content is the gold JSON (``WindowPrediction.to_json``);
-- GRPO: ``{"prompt": [system, user]}`` plus the gold columns TRL forwards to reward
-  functions as keyword arguments (gold_windows as ISO strings, gold_temporal,
-  evidence_ids, memory_key, query_key, answer, granularity, n_gold_windows).
+  the assistant content is the target answer (``PromptBuilder.target``: the gold windows
+  as references into the prompt, or "no window" where no window would retrieve more);
+- GRPO: ``{"prompt": [system, user]}`` plus the columns TRL forwards to reward functions
+  as keyword arguments (``reward_columns``).
 """
 
 from __future__ import annotations
@@ -19,21 +19,38 @@ import json
 import random
 from collections.abc import Iterable, Sequence
 
+from tider.locator.parse import parse_prediction
 from tider.locator.prompt import PromptSettings, locator_input
-from tider.types import Dataset, Query, format_time
+from tider.scoring import evidence_gain
+from tider.types import NON_TEMPORAL, Dataset, Query, format_time
 
 SPLITS = ("train", "validation", "test")
 
 
 def split_keys(
-    memory_keys: Iterable[str], seed: int = 0, fractions: Sequence[float] = (0.8, 0.1, 0.1)
+    memory_keys: Iterable[str],
+    seed: int = 0,
+    fractions: Sequence[float] = (0.8, 0.1, 0.1),
+    validation: Sequence[str] = (),
+    test: Sequence[str] = (),
 ) -> dict[str, list[str]]:
     """Deterministic train/validation/test split of memory keys.
 
-    With three or more keys every split gets at least one, so small benchmarks (a handful
-    of LoCoMo conversations) still have a held-out memory.
+    ``validation``/``test`` given: a fixed split, those memories there and every other one
+    in train. Otherwise a seeded shuffle cut by ``fractions``; with three or more keys every
+    split gets at least one, so small benchmarks (a handful of LoCoMo conversations) still
+    have a held-out memory.
     """
     keys = sorted(set(memory_keys))
+    if validation or test:
+        missing = sorted((set(validation) | set(test)) - set(keys))
+        if missing or set(validation) & set(test):
+            raise ValueError(
+                f"fixed split: memories {missing} are not in the data, or a memory is in both "
+                f"validation {sorted(validation)} and test {sorted(test)}"
+            )
+        held = set(validation) | set(test)
+        return {"train": [k for k in keys if k not in held], "validation": sorted(validation), "test": sorted(test)}
     if len(fractions) != 3 or abs(sum(fractions) - 1.0) > 1e-6 or min(fractions) < 0:
         raise ValueError(f"fractions must be three non-negative numbers summing to 1, got {fractions}")
     random.Random(seed).shuffle(keys)
@@ -53,26 +70,28 @@ def split_keys(
 SPLIT_CHOICES = ("train", "validation", "test", "heldout", "all")
 
 
-def memory_keys_of(memory_keys: Iterable[str], split: str, seed: int = 0) -> list[str] | None:
+def memory_keys_of(memory_keys: Iterable[str], split: str, seed: int = 0, **fixed) -> list[str] | None:
     """The memories of a named split; ``heldout`` = validation + test (every conversation
-    training never saw), ``all`` = None (no restriction)."""
+    training never saw), ``all`` = None (no restriction). ``fixed``: ``validation=``/``test=``
+    lists of a fixed split (``split_keys``)."""
     if split == "all":
         return None
     if split not in SPLIT_CHOICES:
         raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLIT_CHOICES)}")
-    splits = split_keys(memory_keys, seed=seed)
+    splits = split_keys(memory_keys, seed=seed, **fixed)
     return sorted(splits["validation"] + splits["test"]) if split == "heldout" else splits[split]
 
 
 TRAIN_ONLY = "train_only_memories"  # Dataset.stats key: memories added for training only
 
 
-def split_queries(dataset: Dataset, seed: int = 0, fractions=(0.8, 0.1, 0.1)) -> dict[str, list[Query]]:
+def split_queries(dataset: Dataset, seed: int = 0, fractions=(0.8, 0.1, 0.1), **fixed) -> dict[str, list[Query]]:
     """The dataset's queries, grouped by the split of their memory. Memories listed in
     ``dataset.stats["train_only_memories"]`` (extra training conversations) all go to
-    train; the others are split by ``split_keys``, exactly as without the extras."""
+    train; the others are split by ``split_keys`` (``fixed``: its ``validation``/``test``
+    lists), exactly as without the extras."""
     train_only = set(dataset.stats.get(TRAIN_ONLY, ()))
-    splits = split_keys([k for k in dataset.memories if k not in train_only], seed=seed, fractions=fractions)
+    splits = split_keys([k for k in dataset.memories if k not in train_only], seed, fractions, **fixed)
     splits["train"] = sorted(set(splits["train"]) | train_only)
     where = {key: name for name, keys in splits.items() for key in keys}
     out: dict[str, list[Query]] = {name: [] for name in SPLITS}
@@ -90,14 +109,14 @@ def _iou(a, b, granularity) -> float:
 
 
 def gold_answer(query: Query, table, granularity) -> dict:
-    """The gold locator answer for one prompt, in the v2 output: each gold window as the
-    reference in the prompt's table that covers it best — the cue when it is at least as
-    tight as the best line (a spelled-out date), else the line (the event inside "last
-    week") — by its first anchor/recent mark when the prompt answers by marks — else,
-    when nothing in the prompt touches it, the dates themselves."""
+    """The gold windows as references into one prompt's table: each gold window as the
+    reference that covers it best — the cue when it is at least as tight as the best line
+    (a spelled-out date), else the line, named by its first mark when it has one (the same
+    tokens in every prompt) or by its number. A gold window nothing in the prompt touches
+    cannot be pointed at and is left out; with none left the answer is "no window"."""
     gold = query.gold
     if not gold.temporal:
-        return {"temporal": False, "windows": []}
+        return ABSTAIN
     windows: list[dict] = []
     for g in sorted(gold.windows):
         line = max(range(len(table.lines)), key=lambda k: (_iou(table.lines[k], g, granularity), -k), default=None)
@@ -107,21 +126,25 @@ def gold_answer(query: Query, table, granularity) -> dict:
         if cue_iou > 0 and cue_iou >= line_iou:
             ref = {"cue": cue + 1}
         elif line_iou > 0:
-            labels = [m for m, k in getattr(table, "marks", ()) if k == line + 1]
+            labels = [m for m, k in table.marks if k == line + 1]
             ref = {"mark": labels[0]} if labels else {"entry": line + 1}
         else:
-            ref = g.to_json(granularity)
+            continue
         if ref not in windows:
             windows.append(ref)
-    return {"temporal": True, "windows": windows}
+    return {"temporal": True, "windows": windows} if windows else ABSTAIN
+
+
+ABSTAIN = {"temporal": False, "windows": []}
 
 
 class PromptBuilder:
-    """Builds locator-v2 prompts for a dataset from its ``MemoryCollection`` (so prompts and
-    retrieval rewards see the same timeline and embeddings): the timeline as of each
-    question's ``asked_at``, its resolved time cues, the chosen lines, and token-budget
+    """Builds locator prompts and their targets for a dataset from a ``MemoryStore`` (so
+    prompts and retrieval rewards see the same timeline and embeddings): the timeline as of
+    each question's ``asked_at``, its resolved time cues, the chosen lines, and token-budget
     truncation with the policy's tokenizer. ``build(query)`` returns the ``LocatorInput``
-    (messages + the table references resolve against)."""
+    (messages + the table references resolve against); ``target(query, table)`` the answer
+    the locator is trained towards."""
 
     def __init__(
         self, dataset: Dataset, store, *, tokenizer=None, settings: PromptSettings | None = None, resolver=None
@@ -138,34 +161,37 @@ class PromptBuilder:
         from tider.locator.rules import query_cues
 
         public = query.public()
-        memory = self.dataset.memories[query.memory_key]
-        timeline = self.store.timeline(query.memory_key).visible(public.asked_at)
-        cues = query_cues(self.resolver, public, memory)
-        return locator_input(
-            public,
-            memory,
-            timeline,
-            cues,
-            self.dataset.granularity,
-            self.settings,
-            query_vector=self.store.embedder.encode([public.text])[0],
-            tokenizer=self.tokenizer,
-        )
+        cues = query_cues(self.resolver, public, self.store.messages(query.memory_key))
+        vector = self.store.embedder.encode([public.text])[0] if hasattr(self.store, "embedder") else None
+        return locator_input(public, self.store, cues, self.settings, query_vector=vector, tokenizer=self.tokenizer)
+
+    def target(self, query: Query, table) -> dict:
+        """The gold windows as references (``gold_answer``), if they retrieve more of the
+        evidence than no window does; else "no window". A window that adds nothing only
+        risks the top k (a wrong one costs evidence), so the locator learns to commit where
+        a window pays, which is also what the ``evidence_gain`` reward pays for."""
+        answer = gold_answer(query, table, self.dataset.granularity)
+        if not answer["temporal"] or not query.gold.evidence_ids:
+            return answer
+        parsed = parse_prediction(json.dumps(answer), granularity=self.dataset.granularity, refs=table)
+        k = self.store.config.k
+        public = query.public()
+        base, got = (self.store.retrieve(public, p, k)[0] for p in (NON_TEMPORAL, parsed.prediction))
+        return answer if evidence_gain(got, base, query.gold.evidence_ids, k) > 0 else ABSTAIN
 
     def messages(self, query: Query) -> list[dict]:
         return self.build(query).messages
 
 
 def sft_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
-    """TRL conversational prompt-completion records with the gold answer as the completion."""
-    g = builder.dataset.granularity
+    """TRL conversational prompt-completion records with the target answer as the completion."""
     records = []
     for q in queries:
         table = builder.build(q)
         records.append(
             {
                 "prompt": table.messages,
-                "completion": [{"role": "assistant", "content": json.dumps(gold_answer(q, table, g))}],
+                "completion": [{"role": "assistant", "content": json.dumps(builder.target(q, table))}],
                 "query_key": q.key,
                 "category": q.category or "",
             }
@@ -173,23 +199,21 @@ def sft_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
     return records
 
 
-def reward_columns(q: Query, table, granularity) -> dict:
+def reward_columns(q: Query, table, granularity, target: dict) -> dict:
     """The columns the GRPO rewards read for one prompt (TRL passes extra dataset columns
-    as kwargs): the prompt's reference table (``refs``) and the gold labels."""
-    gold_windows = (
-        [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in q.gold.windows]
-        if q.gold.temporal
-        else []
-    )
+    as kwargs): the prompt's reference table (``refs``) and the labels. ``switch`` and
+    ``window_iou`` score against the target (``PromptBuilder.target``): where no window
+    pays, "no window" is right; ``n_gold_windows`` (DAR's bucket) is the data's count."""
+    windows = [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in q.gold.windows]
     return {
         "refs": table.refs_json(granularity),
         "query_key": q.key,
         "memory_key": q.memory_key,
         "category": q.category or "",
         "granularity": granularity,
-        "gold_temporal": bool(q.gold.temporal),
-        "gold_windows": gold_windows,
-        "n_gold_windows": len(gold_windows),
+        "gold_temporal": bool(target["temporal"]),
+        "gold_windows": windows if target["temporal"] else [],
+        "n_gold_windows": len(windows) if q.gold.temporal else 0,
         "evidence_ids": list(q.gold.evidence_ids),
         "answer": q.gold.answer or "",
     }
@@ -208,7 +232,7 @@ def grpo_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]
     records = []
     for q in queries:
         table = builder.build(q)
-        records.append({"prompt": table.messages, **reward_columns(q, table, g)})
+        records.append({"prompt": table.messages, **reward_columns(q, table, g, builder.target(q, table))})
     return records
 
 

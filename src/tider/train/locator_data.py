@@ -15,7 +15,7 @@ import random
 from datetime import timedelta
 from pathlib import Path
 
-from tider.locator.contract import METADATA_FILE, NO_THINKING, LocatorMetadata, input_settings, schema_for
+from tider.locator.contract import METADATA_FILE, NO_THINKING, OUTPUT_SCHEMA, LocatorMetadata, input_settings
 from tider.train.examples import PromptBuilder, corpus_texts, grpo_records, sft_records, split_queries
 from tider.types import Dataset
 
@@ -43,7 +43,7 @@ def start_wandb_run(training_args, project: str):
 
 def load_training_dataset(script_args) -> Dataset:
     """The benchmark, plus ``synthetic_train_conversations`` train-only conversations."""
-    from tider.data import load_dataset
+    from tider.data import load_datasets
 
     if script_args.dataset_name == "synthetic" and script_args.dataset_path is None and script_args.synthetic_messages:
         from tider.data.synth import generate
@@ -55,7 +55,7 @@ def load_training_dataset(script_args) -> Dataset:
         )
     else:
         options = {"seed": script_args.dataset_seed} if script_args.dataset_name == "synthetic" else {}
-        dataset = load_dataset(script_args.dataset_name, script_args.dataset_path, **options)
+        dataset = load_datasets(script_args.dataset_name, script_args.dataset_path, **options)
     if script_args.synthetic_train_conversations:
         dataset = with_train_conversations(
             dataset, script_args.synthetic_train_conversations, script_args.synthetic_train_seed
@@ -106,7 +106,7 @@ def ensure_tiny_model(script_args, model_path: str, dataset: Dataset, builder: P
 
     if (Path(model_path) / "config.json").exists():
         return
-    train_queries = split_queries(dataset, seed=script_args.split_seed)["train"]
+    train_queries = split_queries(dataset, script_args.split_seed, **fixed_split(script_args))["train"]
     corpus = corpus_texts(dataset, sft_records(train_queries, builder))
     dates = date_range_tokens(dataset) if script_args.tiny_date_tokens else []
     logger.info("building tiny Qwen3 at %s (%d corpus texts, %d date tokens)", model_path, len(corpus), len(dates))
@@ -143,9 +143,14 @@ def prepare(
             ensure_tiny_model(script_args, model_path, dataset, builder)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     builder.tokenizer = tokenizer
-    splits = split_queries(dataset, seed=script_args.split_seed)
+    splits = split_queries(dataset, script_args.split_seed, **fixed_split(script_args))
     logger.info("%s on %s: %s", stage, dataset.name, {k: len(v) for k, v in splits.items()})
     return dataset, store, tokenizer, builder, splits
+
+
+def fixed_split(script_args) -> dict:
+    """The recipe's fixed split (``validation_memories`` / ``test_memories``), if any."""
+    return {"validation": list(script_args.validation_memories), "test": list(script_args.test_memories)}
 
 
 def main_process_first(training_args, what: str):
@@ -235,11 +240,13 @@ def training_metadata(
     return LocatorMetadata(
         granularity=dataset.granularity,
         prompt_settings=settings,
-        output_schema=schema_for(settings),
+        output_schema=OUTPUT_SCHEMA,
         chat_template_kwargs=dict(chat_template_kwargs or NO_THINKING),
         training_data_hash=training_data_hash(dataset, train_query_keys),
         dataset_name=dataset.name,
         split_seed=script_args.split_seed,
+        validation_memories=list(script_args.validation_memories) or None,
+        test_memories=list(script_args.test_memories) or None,
         **input_settings(store.config),
     )
 

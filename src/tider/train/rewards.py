@@ -222,9 +222,8 @@ def _evidence_gain(completions, *, ctx, parsed, query_key, evidence_ids, **kw) -
         if not p.ok or not gold_ids:
             out.append(0.0)
             continue
-        base = scoring.evidence_coverage(ctx.retrieved("evidence_gain", qk, NON_TEMPORAL), gold_ids, ctx.k)
-        got = scoring.evidence_coverage(ctx.retrieved("evidence_gain", qk, p.prediction), gold_ids, ctx.k)
-        out.append(got - base)
+        base = ctx.retrieved("evidence_gain", qk, NON_TEMPORAL)
+        out.append(scoring.evidence_gain(ctx.retrieved("evidence_gain", qk, p.prediction), base, gold_ids, ctx.k))
     return out
 
 
