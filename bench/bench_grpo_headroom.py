@@ -57,12 +57,13 @@ def headroom(model: str, queries, dataset, store, names, weights, samples: int, 
 
 
 def target_composite(model: str, queries, dataset, store, names, weights) -> float:
-    """The composite of SFT's own targets (``tider.train.examples.gold_answer``) in
+    """The composite of SFT's own targets (``tider.train.examples.PromptBuilder.target``) in
     ``model``'s prompts: what imitating them perfectly would score, the ceiling SFT aims at."""
-    from tider.train.examples import gold_answer
+    from tider.train.examples import PromptBuilder
 
     _, tables, score = prompted(model, queries, dataset, store, names, weights)
-    texts = [json.dumps(gold_answer(q, t, dataset.granularity)) for q, t in zip(queries, tables)]
+    builder = PromptBuilder(dataset, store)
+    texts = [json.dumps(builder.target(q, t)) for q, t in zip(queries, tables)]
     return float(score(texts, queries, tables)["composite"].mean())
 
 

@@ -21,9 +21,9 @@ Stages (each skipped when its output exists, so an interrupted run resumes):
 6. ``DIR/compare-seed<S>/compare.json``: the same comparison on a synthetic benchmark from
    ``--check-seed``, a seed no development run used (every conversation unseen).
 
-``--design`` switches the locator-v2 elements off for the ablation table (README):
-``v1`` = similarity-ranked lines, no cues, spelled dates, v1 rewards, benchmark data only;
-``v2`` = all of them but mark answers; the default ``+marks`` is the shipped recipes' design.
+``--design`` names the rewards and data (``benchlib.DESIGNS``; ``shipped``, the default, is
+the shipped recipes'). The prompt-design ablation rows (v1 ... +repeat) ran at fa11d15, the
+last commit with those prompt switches (docs/experiments.md).
 ``--sft-only`` (with fewer ``--sft-steps``) gives the reduced-budget ablation rows.
 Nothing is tuned on the test split or the check seed: hyperparameters are the recipes'.
 """
@@ -93,7 +93,7 @@ def compare(dataset, model_dir: Path, memory_keys, out: Path, baselines=BASELINE
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/bench_learning")
-    ap.add_argument("--design", default="+marks", choices=sorted(DESIGNS))
+    ap.add_argument("--design", default="shipped", choices=sorted(DESIGNS))
     ap.add_argument("--sft-steps", type=int, default=1200)
     ap.add_argument(
         "--answer-steps",

@@ -16,27 +16,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-# The learning benchmark's prompt designs (bench_learning.py --design); ablation rows: each adds
-# one locator-v2 element to the previous one.
-DESIGNS = {
-    "v1": {"select": "similarity", "cues": False, "pointers": False, "rewards": "v1", "fresh": False},
-    "+lines": {"select": "structured", "cues": False, "pointers": False, "rewards": "v1", "fresh": False},
-    "+cues": {"select": "structured", "cues": True, "pointers": False, "rewards": "v1", "fresh": False},
-    "+pointers": {"select": "structured", "cues": True, "pointers": True, "rewards": "v1", "fresh": False},
-    "+rewards": {"select": "structured", "cues": True, "pointers": True, "rewards": "v2", "fresh": False},
-    "v2": {"select": "structured", "cues": True, "pointers": True, "rewards": "v2", "fresh": True},
-    # The default (the shipped recipes): answers may name a line's anchor/recent mark ({"mark": "A+1"}).
-    "+marks": {"select": "structured", "cues": True, "pointers": True, "rewards": "v2", "fresh": True, "marks": True},
-    "+repeat": {
-        "select": "structured",
-        "cues": True,
-        "pointers": True,
-        "rewards": "v2",
-        "fresh": True,
-        "marks": True,
-        "repeat": True,
-    },
-}
+# The learning benchmark's designs (bench_learning.py --design): its rewards, and whether
+# train-only conversations join the train split; the prompt is the code's own. The prompt
+# ablation rows (v1, +lines, +cues, +pointers, +marks, +repeat) need the prompt switches of
+# fa11d15, the last commit that has them (docs/experiments.md).
+DESIGNS = {"shipped": {"rewards": "v2", "fresh": True}}
 # The learning benchmark's data: bench_learning.py's defaults, and what benchmark_split reads.
 BENCHMARK_DATA = argparse.Namespace(
     synthetic_messages=22400, synthetic_conversations=16, train_conversations=16, train_seed=1000
@@ -81,23 +65,8 @@ def matmul_ms() -> float:
     return probe()
 
 
-def design_overrides(design: dict) -> list[str]:
-    return [
-        "--prompt_select",
-        design["select"],
-        "--prompt_show_cues",
-        str(design["cues"]).lower(),
-        "--prompt_pointers",
-        str(design["pointers"]).lower(),
-        "--prompt_marks",
-        str(design.get("marks", False)).lower(),
-        "--prompt_repeat_question",
-        str(design.get("repeat", False)).lower(),
-    ]
-
-
 def data_overrides(args, design: dict) -> list[str]:
-    """Recipe overrides that give every stage the benchmark's data and prompt design."""
+    """Recipe overrides that give every stage the benchmark's data."""
     fresh = args.train_conversations if design["fresh"] else 0
     return [
         "--report_to",
@@ -112,7 +81,6 @@ def data_overrides(args, design: dict) -> list[str]:
         str(fresh),
         "--synthetic_train_seed",
         str(args.train_seed),
-        *design_overrides(design),
     ]
 
 
@@ -122,7 +90,7 @@ def recipe_args(recipe: str, overrides: list[str]):
     return parse_recipe(recipe.split("/")[0], ["--config", str(ROOT / f"configs/{recipe}.yaml"), *overrides])
 
 
-def benchmark_split(checkpoint, design: str = "+marks"):
+def benchmark_split(checkpoint, design: str = "shipped"):
     """The benchmark's data as the GRPO recipe sees it, for scripts that score checkpoints
     on it: ``(grpo_args, grpo_training_args, dataset, store, splits)``."""
     from tider.memory.collection import MemoryCollection
@@ -138,12 +106,14 @@ def benchmark_split(checkpoint, design: str = "+marks"):
     return g_args, g_train, dataset, store, splits
 
 
-def reward_columns(queries, tables, dataset) -> dict:
+def reward_columns(queries, tables, dataset, store) -> dict:
     """The columns TRL passes the rewards for these prompts (``tider.train.examples``)."""
-    from tider.train.examples import as_columns
+    from tider.train.examples import PromptBuilder, as_columns
     from tider.train.examples import reward_columns as columns_of
 
-    return as_columns([columns_of(q, t, dataset.granularity) for q, t in zip(queries, tables)])
+    builder = PromptBuilder(dataset, store)  # the targets switch and window_iou score against
+    g = dataset.granularity
+    return as_columns([columns_of(q, t, g, builder.target(q, t)) for q, t in zip(queries, tables)])
 
 
 def prompted(model: str, queries, dataset, store, names, weights):
@@ -154,16 +124,11 @@ def prompted(model: str, queries, dataset, store, names, weights):
     from tider.train.rewards import RewardContext, make_rewards, reward_scores
 
     source = make_source("locator", model=model, batch_size=32, max_tokens=64)
-    tables = source.inputs(
-        queries,
-        [dataset.memories[q.memory_key] for q in queries],
-        [store.timeline(q.memory_key) for q in queries],
-        dataset.granularity,
-    )
+    tables = source.inputs(queries, store)
     fns = make_rewards(names, RewardContext(dataset=dataset, store=store, k=20))
 
     def score(texts, qs, ts) -> dict[str, np.ndarray]:
-        scores = reward_scores(fns, texts, reward_columns(qs, ts, dataset))
+        scores = reward_scores(fns, texts, reward_columns(qs, ts, dataset, store))
         return {**scores, "composite": sum(float(w) * scores[n] for n, w in zip(names, weights))}
 
     return source, tables, score
@@ -193,15 +158,11 @@ def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, wei
     texts, tables = [], []
     for i in range(0, len(queries), 32):
         chunk = queries[i : i + 32]
-        source.predict_batch(
-            [q.public() for q in chunk],
-            [dataset.memories[q.memory_key] for q in chunk],
-            [store.timeline(q.memory_key) for q in chunk],
-        )
+        source.predict_batch([q.public() for q in chunk], store)
         texts += [o.text for o in source.last_outcomes]
         tables += source.last_inputs
     fns = make_rewards(reward_names, RewardContext(dataset=dataset, store=store, k=20))
-    scores = reward_scores(fns, texts, reward_columns(queries, tables, dataset))
+    scores = reward_scores(fns, texts, reward_columns(queries, tables, dataset, store))
     rows = []
     for i, q in enumerate(queries):
         row = {"query": q.key, "type": q.category, **{f"r/{k}": float(v[i]) for k, v in scores.items()}}

@@ -164,13 +164,13 @@ def test_a_store_recording_a_removed_timeline_setting_opens(tmp_path):
     cfg = RetrievalConfig()
     with TemporalMemory(tmp_path / "s", config=cfg, embedder=NoEmbedder()) as mem:
         mem.add(msgs, vectors=vecs)
-        before = answers(mem, exact=True), mem.timeline.starts
+        before = answers(mem, exact=True), mem.timeline().starts
     manifest = tmp_path / "s" / "tider_memory.json"
     data = json.loads(manifest.read_text())
     data["config"]["timeline"]["summary_words"] = 24
     manifest.write_text(json.dumps(data))
     with TemporalMemory(tmp_path / "s", config=cfg, embedder=NoEmbedder()) as reopened:
-        assert reopened.config == cfg and (answers(reopened, exact=True), reopened.timeline.starts) == before
+        assert reopened.config == cfg and (answers(reopened, exact=True), reopened.timeline().starts) == before
 
 
 def test_bad_input_names_the_field_and_changes_nothing(tmp_path):
