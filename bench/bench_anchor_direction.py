@@ -6,7 +6,7 @@
 
 "The first offsite after the reorg" is the line marked ``A+1``; "the last review before
 the reorg" is ``A-1`` (``tider.locator.lines``). On the learning benchmark's test split
-(the ``+marks`` design's data and split, which every design shares), this counts which mark
+(the benchmark's data and split, ``benchlib.benchmark_split``), this counts which mark
 each run's greedy answer names first, by the question's direction. Direction is read off
 the synthetic templates' words (``preced``/``before`` vs ``after``/``following``/``next``):
 an analysis of this benchmark, not a rule any source uses.
@@ -29,8 +29,7 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_learning as bl
+from benchlib import benchmark_split
 
 
 def direction(question: str) -> str:
@@ -51,7 +50,7 @@ def first_mark(answer: str, prompt: str) -> str:
     if "mark" in window:
         return str(window["mark"])
     if "entry" in window:
-        line = re.search(r"^([^\n]*)\| L%d$" % window["entry"], prompt, re.MULTILINE)
+        line = re.search(rf"^([^\n]*)\| L{int(window['entry'])}$", prompt, re.MULTILINE)
         mark = re.search(r" (A[-+]?\d*) ", line.group(1)) if line else None
         return mark.group(1) if mark else "L"
     return "dates" if "start" in window else "cue"
@@ -73,12 +72,7 @@ def greedy_counts(run: Path, stages, test, dataset, store) -> dict:
     out = {}
     for stage in stages:
         source = make_source("locator", model=str(stage_dir(run, stage)))
-        tables = source.inputs(
-            queries,
-            [dataset.memories[q.memory_key] for q in queries],
-            [store.timeline(q.memory_key) for q in queries],
-            dataset.granularity,
-        )
+        tables = source.inputs(queries, store)
         counts = Counter(
             (direction(q.text), first_mark(texts[stage][i], t.messages[-1]["content"]))
             for i, q, t in zip(picked, queries, tables)
@@ -114,9 +108,9 @@ def main(argv=None) -> int:
     from tider.train.examples import PromptBuilder, gold_answer
 
     start = stage_dir(Path(args.runs[0].partition(":")[0]), "sft") if args.runs else "unused"
-    g_args, _, dataset, store, splits = bl.benchmark_split(start, "+marks")  # bench_learning's split
+    g_args, _, dataset, store, splits = benchmark_split(start)  # bench_learning's split
     test = splits["test"]
-    builder = PromptBuilder(dataset, store, settings=g_args.prompt_settings())  # +marks tables: targets as marks
+    builder = PromptBuilder(dataset, store, settings=g_args.prompt_settings())  # targets as marks
     result = {
         "targets": {
             f"{d} -> {m}": n

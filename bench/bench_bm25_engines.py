@@ -21,6 +21,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
+from benchlib import load
 
 
 def tantivy_index(token_lists):
@@ -74,8 +75,8 @@ def main() -> None:
         row["build_tantivy_s"] = round(time.perf_counter() - t0, 1)
         for k in (20, 1000):
             for name, fn in (
-                ("bm25s", lambda q: bm25.search(q, k)),
-                ("tantivy", lambda q: tantivy_top(schema, searcher, q, k)),
+                ("bm25s", lambda q, bm25=bm25, k=k: bm25.search(q, k)),
+                ("tantivy", lambda q, schema=schema, searcher=searcher, k=k: tantivy_top(schema, searcher, q, k)),
             ):
                 times = []
                 for q in queries:
@@ -91,7 +92,7 @@ def main() -> None:
             ),
             3,
         )
-        row["load_1min"] = open("/proc/loadavg").read().split()[0]
+        row["load_1min"] = load()
         print(json.dumps(row), flush=True)
         out.append(row)
 

@@ -25,13 +25,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_learning as bl
+from benchlib import benchmark_split, held_out_rewards, paired_bootstrap_ci, prompted, sampled_rewards
 
 
 def headroom(model: str, queries, dataset, store, names, weights, samples: int, temperature: float) -> dict:
-    source, tables, score = bl.prompted(model, queries, dataset, store, names, weights)
+    source, tables, score = prompted(model, queries, dataset, store, names, weights)
     backend = source.client.backend
     greedy = score(
         [c.text for c in backend.generate_batch([t.messages for t in tables], max_tokens=64, temperature=0.0)],
@@ -59,12 +57,13 @@ def headroom(model: str, queries, dataset, store, names, weights, samples: int, 
 
 
 def target_composite(model: str, queries, dataset, store, names, weights) -> float:
-    """The composite of SFT's own targets (``tider.train.examples.gold_answer``) in
+    """The composite of SFT's own targets (``tider.train.examples.PromptBuilder.target``) in
     ``model``'s prompts: what imitating them perfectly would score, the ceiling SFT aims at."""
-    from tider.train.examples import gold_answer
+    from tider.train.examples import PromptBuilder
 
-    _, tables, score = bl.prompted(model, queries, dataset, store, names, weights)
-    texts = [json.dumps(gold_answer(q, t, dataset.granularity)) for q, t in zip(queries, tables)]
+    _, tables, score = prompted(model, queries, dataset, store, names, weights)
+    builder = PromptBuilder(dataset, store)
+    texts = [json.dumps(builder.target(q, t)) for q, t in zip(queries, tables)]
     return float(score(texts, queries, tables)["composite"].mean())
 
 
@@ -82,9 +81,9 @@ def main(argv=None) -> int:
         "temperature: the expected reward GRPO maximizes), bootstrapped against the first",
     )
     args = ap.parse_args(argv)
-    g_args, g_train, dataset, store, splits = bl.benchmark_split(args.checkpoints[0])  # the benchmark's defaults
+    g_args, g_train, dataset, store, splits = benchmark_split(args.checkpoints[0])  # the benchmark's defaults
     val, names, weights = splits["validation"], g_args.reward_funcs, g_train.reward_weights
-    rows = {c: bl.held_out_rewards(Path(c), val, dataset, store, names, weights)[0] for c in args.checkpoints}
+    rows = {c: held_out_rewards(Path(c), val, dataset, store, names, weights)[0] for c in args.checkpoints}
     start = [r["composite"] for r in rows[args.checkpoints[0]]]
     result = {
         "split": "validation",
@@ -92,17 +91,16 @@ def main(argv=None) -> int:
         "composite": {
             c: {
                 "mean": float(np.mean([r["composite"] for r in rs])),
-                "vs_first": bl.paired_bootstrap_ci([r["composite"] - s for r, s in zip(rs, start)]) if i else None,
+                "vs_first": paired_bootstrap_ci([r["composite"] - s for r, s in zip(rs, start)]) if i else None,
             }
             for i, (c, rs) in enumerate(rows.items())
         },
         "sft_targets": target_composite(args.checkpoints[0], val, dataset, store, names, weights),
     }
     if args.policy_samples:
+        samples, temperature = args.policy_samples, g_train.temperature
         means = {
-            c: bl.sampled_rewards(
-                Path(c), val, dataset, store, names, weights, args.policy_samples, g_train.temperature
-            )["composite"]
+            c: sampled_rewards(Path(c), val, dataset, store, names, weights, samples, temperature)["composite"]
             for c in args.checkpoints
         }
         first = means[args.checkpoints[0]]
@@ -110,7 +108,7 @@ def main(argv=None) -> int:
             "samples": args.policy_samples,
             "temperature": g_train.temperature,
             "composite": {
-                c: {"mean": float(m.mean()), "vs_first": bl.paired_bootstrap_ci(m - first) if i else None}
+                c: {"mean": float(m.mean()), "vs_first": paired_bootstrap_ci(m - first) if i else None}
                 for i, (c, m) in enumerate(means.items())
             },
         }

@@ -10,9 +10,7 @@ Stages (each skipped when its output exists, so an interrupted run resumes):
 2. SFT (configs/sft/tiny-pretrain.yaml on this data, ``--sft-steps``) of a from-scratch tiny Qwen3,
    then its answer-only phase (configs/sft/tiny-pretrain-answer.yaml, ``--answer-steps``), as
    the shipped start is made;
-3. GRPO (configs/grpo/tiny-cpu.yaml, ``--grpo-steps``) from the SFT checkpoint; with
-   ``--filter-samples N`` only on the train prompts whose N samples from the SFT model
-   differ in reward (``tider.train.prompt_filter``);
+3. GRPO (configs/grpo/tiny-cpu.yaml, ``--grpo-steps``) from the SFT checkpoint;
 4. held-out composite reward: greedy SFT and GRPO completions on the test split scored by
    the GRPO reward functions themselves (composite = the recipe's reward_weights); paired
    bootstrap of GRPO - SFT; the same for the sampled policy (``--held-out-samples``
@@ -23,9 +21,9 @@ Stages (each skipped when its output exists, so an interrupted run resumes):
 6. ``DIR/compare-seed<S>/compare.json``: the same comparison on a synthetic benchmark from
    ``--check-seed``, a seed no development run used (every conversation unseen).
 
-``--design`` switches the locator-v2 elements off for the ablation table (README):
-``v1`` = similarity-ranked lines, no cues, spelled dates, v1 rewards, benchmark data only;
-``v2`` = all of them but mark answers; the default ``+marks`` is the shipped recipes' design.
+``--design`` names the rewards and data (``benchlib.DESIGNS``; ``shipped``, the default, is
+the shipped recipes'). The prompt-design ablation rows (v1 ... +repeat) ran at fa11d15, the
+last commit with those prompt switches (docs/experiments.md).
 ``--sft-only`` (with fewer ``--sft-steps``) gives the reduced-budget ablation rows.
 Nothing is tuned on the test split or the check seed: hyperparameters are the recipes'.
 """
@@ -41,174 +39,21 @@ import time
 from pathlib import Path
 
 import numpy as np
+from benchlib import (
+    BENCHMARK_DATA,
+    DESIGNS,
+    data_overrides,
+    hardware,
+    held_out_rewards,
+    matmul_ms,
+    paired_bootstrap_ci,
+    recipe_args,
+    sampled_rewards,
+)
 from learning_curves import grpo_eval_curve, grpo_quarters, plot_curves
 
-ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ("none", "rules", "dbscan-paper", "dbscan-tuned", "timeline")
 V1_REWARDS = (["format", "switch", "window_iou", "evidence_coverage"], ["0.5", "1.0", "1.0", "1.0"])
-# Ablation rows: each adds one locator-v2 element to the previous one.
-DESIGNS = {
-    "v1": dict(select="similarity", cues=False, pointers=False, rewards="v1", fresh=False),
-    "+lines": dict(select="structured", cues=False, pointers=False, rewards="v1", fresh=False),
-    "+cues": dict(select="structured", cues=True, pointers=False, rewards="v1", fresh=False),
-    "+pointers": dict(select="structured", cues=True, pointers=True, rewards="v1", fresh=False),
-    "+rewards": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=False),
-    "v2": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=True),
-    # The default (the shipped recipes): answers may name a line's anchor/recent mark ({"mark": "A+1"}).
-    "+marks": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=True, marks=True),
-    "+repeat": dict(select="structured", cues=True, pointers=True, rewards="v2", fresh=True, marks=True, repeat=True),
-}
-
-
-def paired_bootstrap_ci(diffs, n_boot: int = 10_000, seed: int = 0, alpha: float = 0.05) -> dict:
-    diffs = np.asarray(diffs, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    means = diffs[rng.integers(0, len(diffs), size=(n_boot, len(diffs)))].mean(axis=1)
-    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return {"mean": float(diffs.mean()), "ci_low": float(lo), "ci_high": float(hi), "n": len(diffs)}
-
-
-def hardware() -> str:
-    from tider.hardware import describe
-
-    return describe()
-
-
-def matmul_ms() -> float:
-    from tider.hardware import matmul_ms as probe
-
-    return probe()
-
-
-def design_overrides(design: dict) -> list[str]:
-    return [
-        "--prompt_select",
-        design["select"],
-        "--prompt_show_cues",
-        str(design["cues"]).lower(),
-        "--prompt_pointers",
-        str(design["pointers"]).lower(),
-        "--prompt_marks",
-        str(design.get("marks", False)).lower(),
-        "--prompt_repeat_question",
-        str(design.get("repeat", False)).lower(),
-    ]
-
-
-def data_overrides(args, design: dict) -> list[str]:
-    """Recipe overrides that give every stage the benchmark's data and prompt design."""
-    fresh = args.train_conversations if design["fresh"] else 0
-    return [
-        "--report_to",
-        "none",
-        "--save_strategy",
-        "no",
-        "--synthetic_messages",
-        str(args.synthetic_messages),
-        "--synthetic_conversations",
-        str(args.synthetic_conversations),
-        "--synthetic_train_conversations",
-        str(fresh),
-        "--synthetic_train_seed",
-        str(args.train_seed),
-        *design_overrides(design),
-    ]
-
-
-def recipe_args(recipe: str, overrides: list[str]):
-    from tider.train.config import parse_recipe
-
-    return parse_recipe(recipe.split("/")[0], ["--config", str(ROOT / f"configs/{recipe}.yaml"), *overrides])
-
-
-def benchmark_split(checkpoint, design: str = "+marks"):
-    """The benchmark's data as the GRPO recipe sees it, for scripts that score checkpoints
-    on it: ``(grpo_args, grpo_training_args, dataset, store, splits)``."""
-    from tider.memory.collection import MemoryCollection
-    from tider.train.locator_data import load_training_dataset, prepare
-
-    data = data_overrides(parse_args([]), DESIGNS[design])
-    g_args, g_train, _ = recipe_args(
-        "grpo/tiny-cpu", ["--model_name_or_path", str(checkpoint), "--output_dir", "unused", *data]
-    )
-    dataset = load_training_dataset(g_args)
-    store = MemoryCollection(dataset.memories)
-    _, _, _, _, splits = prepare(g_args, str(checkpoint), stage="eval", dataset=dataset, store=store)
-    return g_args, g_train, dataset, store, splits
-
-
-def reward_columns(queries, tables, dataset) -> dict:
-    """The columns TRL passes the rewards for these prompts (``tider.train.examples``)."""
-    from tider.train.examples import as_columns
-    from tider.train.examples import reward_columns as columns_of
-
-    return as_columns([columns_of(q, t, dataset.granularity) for q, t in zip(queries, tables)])
-
-
-def prompted(model: str, queries, dataset, store, names, weights):
-    """``model``'s locator source, its prompts for ``queries``, and ``score(texts, queries,
-    tables)``: each reward of those completions by name, and their weighted ``composite``
-    (the recipe's reward_weights)."""
-    from tider.locator.sources import make_source
-    from tider.train.prompt_filter import reward_scores
-    from tider.train.rewards import RewardContext, make_rewards
-
-    source = make_source("locator", model=model, batch_size=32, max_tokens=64)
-    tables = source.inputs(
-        queries,
-        [dataset.memories[q.memory_key] for q in queries],
-        [store.timeline(q.memory_key) for q in queries],
-        dataset.granularity,
-    )
-    fns = make_rewards(names, RewardContext(dataset=dataset, store=store, k=20))
-
-    def score(texts, qs, ts) -> dict[str, np.ndarray]:
-        scores = reward_scores(fns, texts, reward_columns(qs, ts, dataset))
-        return {**scores, "composite": sum(float(w) * scores[n] for n, w in zip(names, weights))}
-
-    return source, tables, score
-
-
-def sampled_rewards(
-    model_dir: Path, queries, dataset, store, names, weights, samples: int, temperature: float, seed: int = 1
-) -> dict[str, np.ndarray]:
-    """Per query, each reward and the composite averaged over ``samples`` completions at
-    ``temperature``: the policy's expected reward, which is what GRPO maximizes (serving
-    decodes greedily)."""
-    source, tables, score = prompted(str(model_dir), queries, dataset, store, names, weights)
-    rep = [t for t in tables for _ in range(samples)]
-    drawn = source.client.backend.generate_batch(
-        [t.messages for t in rep], max_tokens=64, temperature=temperature, seed=seed
-    )
-    scores = score([c.text for c in drawn], [q for q in queries for _ in range(samples)], rep)
-    return {k: v.reshape(len(queries), samples).mean(axis=1) for k, v in scores.items()}
-
-
-def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, weights) -> tuple[list[dict], list[str]]:
-    """Greedy completions of ``model_dir`` on ``queries``, scored by the GRPO rewards."""
-    from tider.locator.sources import make_source
-    from tider.train.prompt_filter import reward_scores
-    from tider.train.rewards import RewardContext, make_rewards
-
-    source = make_source("locator", model=str(model_dir), batch_size=16, max_tokens=64)
-    texts, tables = [], []
-    for i in range(0, len(queries), 32):
-        chunk = queries[i : i + 32]
-        source.predict_batch(
-            [q.public() for q in chunk],
-            [dataset.memories[q.memory_key] for q in chunk],
-            [store.timeline(q.memory_key) for q in chunk],
-        )
-        texts += [o.text for o in source.last_outcomes]
-        tables += source.last_inputs
-    fns = make_rewards(reward_names, RewardContext(dataset=dataset, store=store, k=20))
-    scores = reward_scores(fns, texts, reward_columns(queries, tables, dataset))
-    rows = []
-    for i, q in enumerate(queries):
-        row = {"query": q.key, "type": q.category, **{f"r/{k}": float(v[i]) for k, v in scores.items()}}
-        row["composite"] = float(sum(w * scores[k][i] for k, w in zip(reward_names, weights)))
-        rows.append(row)
-    return rows, texts
 
 
 def grpo_eval_args(args) -> list[str]:
@@ -248,7 +93,7 @@ def compare(dataset, model_dir: Path, memory_keys, out: Path, baselines=BASELINE
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/bench_learning")
-    ap.add_argument("--design", default="+marks", choices=sorted(DESIGNS))
+    ap.add_argument("--design", default="shipped", choices=sorted(DESIGNS))
     ap.add_argument("--sft-steps", type=int, default=1200)
     ap.add_argument(
         "--answer-steps",
@@ -259,30 +104,30 @@ def parse_args(argv):
     )
     ap.add_argument("--grpo-steps", type=int, default=100)
     ap.add_argument("--grpo-batch", type=int, default=32, help="completions per step (num_generations=8 each prompt)")
-    ap.add_argument("--train-conversations", type=int, default=16, help="fresh train-only conversations (design v2)")
-    ap.add_argument("--train-seed", type=int, default=1000)
+    ap.add_argument(
+        "--train-conversations",
+        type=int,
+        default=BENCHMARK_DATA.train_conversations,
+        help="fresh train-only conversations (design v2)",
+    )
+    ap.add_argument("--train-seed", type=int, default=BENCHMARK_DATA.train_seed)
     ap.add_argument(
         "--check-seed", type=int, default=7919, help="benchmark seed for the unseen-seed comparison (0: skip)"
     )
     ap.add_argument("--check-conversations", type=int, default=4)
     ap.add_argument(
-        "--synthetic-messages", type=int, default=22400, help="22400 = the default benchmark; less for a smoke run"
+        "--synthetic-messages",
+        type=int,
+        default=BENCHMARK_DATA.synthetic_messages,
+        help="22400 = the default benchmark; less for a smoke run",
     )
-    ap.add_argument("--synthetic-conversations", type=int, default=16)
+    ap.add_argument("--synthetic-conversations", type=int, default=BENCHMARK_DATA.synthetic_conversations)
     ap.add_argument("--max-test-queries", type=int, default=None)
     ap.add_argument(
         "--sft-only",
         action="store_true",
         help="ablation rows at a reduced budget: SFT, then the comparison of the SFT checkpoint (no GRPO)",
     )
-    ap.add_argument(
-        "--filter-samples",
-        type=int,
-        default=0,
-        help="informative-prompt filter before GRPO (tider.train.prompt_filter): samples per prompt "
-        "(0 = off, the default: at 8 it did not beat SFT either; README)",
-    )
-    ap.add_argument("--filter-pool", type=int, default=1024, help="candidate train prompts the filter samples")
     ap.add_argument(
         "--held-out-samples",
         type=int,
@@ -390,10 +235,6 @@ def main(argv=None) -> int:
             "false",
             *rewards,
             *data,
-            "--filter_samples",
-            str(args.filter_samples),
-            "--filter_pool",
-            str(args.filter_pool),
             *grpo_eval_args(args),
             *shlex.split(args.grpo_args),
         ],
@@ -483,11 +324,6 @@ def main(argv=None) -> int:
         },
         "grpo_quarters": None if args.sft_only else grpo_quarters(grpo_dir, names),
         "grpo_eval": None if args.sft_only else grpo_eval_curve(grpo_dir, names),
-        "prompt_filter": (
-            json.loads((grpo_dir / "prompt_filter.json").read_text())
-            if (grpo_dir / "prompt_filter.json").exists()
-            else None
-        ),
         "compare": {"table": comparison["table"], "mcnemar": comparison["mcnemar"]},
         "check_seed": None
         if check is None

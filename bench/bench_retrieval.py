@@ -35,29 +35,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
+from benchlib import hardware, load
 
 T0 = datetime(2021, 1, 1)
-
-
-def hardware() -> str:
-    try:
-        from tider.hardware import describe  # the project's own description, where it exists
-
-        return describe()
-    except ImportError:
-        model = next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            "unknown CPU",
-        )
-        return f"{model}, {os.cpu_count()} cores visible, no GPU used"
-
-
-def load() -> str:
-    return Path("/proc/loadavg").read_text().split()[0]
 
 
 def rss_mb() -> float:
@@ -189,7 +169,7 @@ def search_latencies(mem, queries, k: int, modes, depths) -> dict:
     candidates; exact scoring ranks up to ``rrf_depth`` = 1000 per list)."""
     out = {}
     for name in modes:
-        search = lambda exact: lambda q: call(mem, q, name, k, exact)
+        search = lambda exact, name=name: lambda q: call(mem, q, name, k, exact)
         out[name] = {}
         if name == "rules":  # the source resolves each new question once (tens of ms in the
             # library, memoized after): a first pass, kept out of the table, so that both
@@ -239,15 +219,15 @@ def run_scale(n: int, args, rng: np.random.Generator) -> dict:
     if reuse:  # search timings only: the build figures come from the run that built the store
         out["reused_store"] = str(path)
     else:
-        _, t_add = timed(
-            lambda: [mem.add(msgs[i : i + batch], vectors=vecs[i : i + batch]) for i in range(0, n, batch)]
-        )
-        out["add_msgs_per_s"] = round(n / t_add, 1)
+        t0 = time.perf_counter()
+        for i in range(0, n, batch):
+            mem.add(msgs[i : i + batch], vectors=vecs[i : i + batch])
+        out["add_msgs_per_s"] = round(n / (time.perf_counter() - t0), 1)
     del msgs, vecs  # the store holds its own copy: keep the bench's peak memory down (1M: ~2 GB)
     _, out["build_bm25_s"] = timed(mem.state.bm25)
     _, out["build_faiss_s"] = timed(mem.state.faiss)
     out["faiss"] = "hnsw + flat tail" if mem.state.faiss().hnsw is not None else "flat (exact)"
-    _, out["build_timeline_s"] = timed(lambda: mem.timeline)
+    _, out["build_timeline_s"] = timed(mem.timeline)
     out["max_rss_mb"] = rss_mb()
     out["search"] = search_latencies(
         mem, queries, args.k, ["none", "rules", "window"], [int(d) for d in args.depths.split(",")]
@@ -255,7 +235,9 @@ def run_scale(n: int, args, rng: np.random.Generator) -> dict:
     out["bare_faiss_hnsw_top20"] = bare_hnsw(mem, queries, args.k)
     mem.close()
     out["store_mb"] = round(
-        int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True).stdout.split()[0]) / 2**20, 1
+        int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
+        / 2**20,
+        1,
     )
     q = queries[0]
     _, out["reopen_s"] = timed(
@@ -273,7 +255,6 @@ def run_real(args) -> dict:
     """Agreement, recall and latency on real MiniLM vectors: every synthetic-benchmark
     conversation as one memory (its own queries), HNSW forced, index-backed vs exact."""
     from tider.data import load_dataset
-    from tider.eval.metrics import query_metrics
     from tider.memory import TemporalMemory
     from tider.retrieval.config import RetrievalConfig
     from tider.types import NON_TEMPORAL, Memory, WindowPrediction
@@ -309,24 +290,12 @@ def run_real(args) -> dict:
                 NON_TEMPORAL if name == "none" else WindowPrediction(q.gold.temporal, tuple(q.gold.windows))
                 for q in queries
             ]
-
-            def run(exact):
-                hits, times = [], []
-                for q, v, p in zip(queries, vectors, preds):
-                    t0 = time.perf_counter()
-                    hits.append(
-                        mem.search(q.text, asked_at=q.asked_at, windows=p, k=args.k, query_vector=v, exact=exact)
-                    )
-                    times.append(1e3 * (time.perf_counter() - t0))
-                scored = [query_metrics(h.positions, g, [args.k]) for h, g in zip(hits, golds)]
-                recall = sum(m[f"hits@{args.k}"] for m in scored) / max(1, sum(m["n_gold"] for m in scored))  # micro
-                return hits, {"p50_ms": round(float(np.percentile(times, 50)), 3), "recall": round(float(recall), 4)}
-
-            exact_hits, out[f"{name}_exact"] = run(True)
+            searched = (mem, queries, vectors, preds, golds, args.k)
+            exact_hits, out[f"{name}_exact"] = timed_searches(*searched, exact=True)
             scores = [exact_scores(mem, q.text, q.asked_at, p, v) for q, v, p in zip(queries, vectors, preds)]
             for depth in [int(d) for d in args.depths.split(",")]:
                 mem.config.index_depth = depth
-                hits, row = run(False)
+                hits, row = timed_searches(*searched, exact=False)
                 same = np.array([compare(a, b, sc) for a, b, sc in zip(hits, exact_hits, scores)], dtype=np.float64)
                 row.update(
                     same_top_k_set=round(same[:, 0].mean(), 3),
@@ -337,14 +306,31 @@ def run_real(args) -> dict:
     return out
 
 
+def timed_searches(mem, queries, vectors, preds, golds, k: int, exact: bool) -> tuple[list, dict]:
+    """Each query searched with its prediction (``exact`` or the index-backed path): the hits,
+    and the p50 latency and micro recall@k over ``golds``."""
+    from tider.eval.metrics import query_metrics
+
+    hits, times = [], []
+    for q, v, p in zip(queries, vectors, preds):
+        t0 = time.perf_counter()
+        hits.append(mem.search(q.text, asked_at=q.asked_at, windows=p, k=k, query_vector=v, exact=exact))
+        times.append(1e3 * (time.perf_counter() - t0))
+    scored = [query_metrics(h.positions, g, [k]) for h, g in zip(hits, golds)]
+    recall = sum(m[f"hits@{k}"] for m in scored) / max(1, sum(m["n_gold"] for m in scored))  # micro
+    return hits, {"p50_ms": round(float(np.percentile(times, 50)), 3), "recall": round(float(recall), 4)}
+
+
 def markdown(results: dict) -> str:
     """The README tables from a results file (``--table``)."""
     lines = [
         f"Hardware: {results['hardware']}; {results['threads']} thread; dense: {results['dense']}",
         "",
-        "| messages | add msg/s | build bm25s / faiss / timeline (s) | RSS MB | store MB | reopen s | "
-        "window | exact p50/p95 | index (depth 1000) p50/p95 | same top-20 | index (depth 100) p50/p95 | "
-        "same top-20 | bare HNSW top-20 p50 | load |",
+        (
+            "| messages | add msg/s | build bm25s / faiss / timeline (s) | RSS MB | store MB | reopen s | "
+            "window | exact p50/p95 | index (depth 1000) p50/p95 | same top-20 | index (depth 100) p50/p95 | "
+            "same top-20 | bare HNSW top-20 p50 | load |"
+        ),
         "|" + "---|" * 14,
     ]
     for r in results["scales"]:
@@ -353,8 +339,9 @@ def markdown(results: dict) -> str:
             blank = {"p50_ms": float("nan"), "p95_ms": float("nan"), "same_top_k_set": float("nan")}
             d1, d2, ex = row.get("index_depth_1000", blank), row.get("index_depth_100", blank), row["exact"]
             lines.append(
-                f"| {r['messages']:,} | {r.get('add_msgs_per_s', '-')} | {r['build_bm25_s']:.1f} / {r['build_faiss_s']:.1f} "
-                f"({r['faiss']}) / {r['build_timeline_s']:.1f} | {r['max_rss_mb']:.0f} | {r['store_mb']:.0f} | "
+                f"| {r['messages']:,} | {r.get('add_msgs_per_s', '-')} | "
+                f"{r['build_bm25_s']:.1f} / {r['build_faiss_s']:.1f} ({r['faiss']}) / {r['build_timeline_s']:.1f} | "
+                f"{r['max_rss_mb']:.0f} | {r['store_mb']:.0f} | "
                 f"{r['reopen_s']:.1f} | {mode} | {ex['p50_ms']:.1f} / {ex['p95_ms']:.1f} | {d1['p50_ms']:.1f} / "
                 f"{d1['p95_ms']:.1f} | {d1['same_top_k_set']:.2f} | {d2['p50_ms']:.1f} / {d2['p95_ms']:.1f} | "
                 f"{d2['same_top_k_set']:.2f} | {hnsw['p50_ms'] if hnsw else '-'} | {row['load_1min']} |"

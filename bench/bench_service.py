@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from benchlib import hardware, load
 
 
 def free_port() -> int:
@@ -44,11 +45,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench_service.json")
     args = parser.parse_args()
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_retrieval import hardware, load
-
     ds = load_dataset("synthetic")
-    key = sorted(ds.memories)[0]
+    key = min(ds.memories)
     memory = ds.memories[key]
     questions = [q for q in ds.queries if q.memory_key == key]
     port, token = free_port(), "bench-key"

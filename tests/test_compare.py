@@ -88,7 +88,7 @@ def test_a_combined_dataset_gets_a_table_per_dataset(tiny_qwen3_dir, tmp_path):
 
 def test_compare_needs_the_locator():
     with pytest.raises(ValueError, match="needs the locator"):
-        CompareConfig().methods
+        _ = CompareConfig().methods
 
 
 @pytest.fixture(scope="module")

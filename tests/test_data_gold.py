@@ -1,3 +1,4 @@
+import itertools
 from datetime import datetime, timedelta
 
 import pytest
@@ -77,6 +78,6 @@ def test_windows_cover_all_evidence_disjoint_and_sorted(minutes, granularity, ga
     temporal, windows = gold_windows(stamps, granularity, merge_gap=gap_units * unit)
     assert temporal
     assert all(any(w.contains(t) for w in windows) for t in stamps)
-    for a, b in zip(windows, windows[1:]):
+    for a, b in itertools.pairwise(windows):
         assert b.start - a.end > gap_units * unit - timedelta(microseconds=1) and a.end < b.start
     assert windows[0] == unit_window(min(stamps), windows[0].end, granularity)

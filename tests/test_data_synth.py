@@ -78,6 +78,7 @@ def test_metadata_chains_and_filler(data):
 
 
 def test_gold_windows_hold_the_evidence(data):
+    temporal = 0
     for q in data.queries:
         memory = data.memory_of(q)
         assert q.gold.evidence_ids and q.gold.answer
@@ -85,6 +86,8 @@ def test_gold_windows_hold_the_evidence(data):
         if q.gold.temporal:
             assert all(any(w.contains(memory[i].timestamp) for w in q.gold.windows) for i in q.gold.evidence_ids)
             assert all(q.gold.answer.split("; ")[0] in memory[i].text for i in q.gold.evidence_ids[:1])
+            temporal += 1
+    assert 0 < temporal < len(data.queries)  # both kinds checked
 
 
 def _event(text: str) -> str:
@@ -148,7 +151,7 @@ def test_anchored_questions_name_exactly_one_instance(data):
         )
         days = _instance_days(memory, _event(q.text))
         if direction == "after":
-            expected = [d for d in days if d > anchor][0]
+            expected = next(d for d in days if d > anchor)
         elif direction == "before":
             expected = [d for d in days if d < anchor][-1]
         else:
@@ -160,11 +163,14 @@ def test_anchored_questions_name_exactly_one_instance(data):
 
 
 def test_dated_questions_carry_their_dates(data):
+    checked = Counter()
     for q in data.queries:
         if q.category in ("absolute", "multi2", "multi3") and ISO_DATE.search(q.text):
             stated = [date.fromisoformat(d) for d in ISO_DATE.findall(q.text)]
             assert window_days(q) == [(d, d) for d in stated]
             assert len(stated) == {"absolute": 1, "multi2": 2, "multi3": 3}[q.category]
+            checked[q.category] += 1
+    assert set(checked) == {"absolute", "multi2", "multi3"} and min(checked.values()) > 50, checked
 
 
 def test_conversations_share_one_calendar_period(data):
@@ -195,6 +201,7 @@ def test_distractors_are_near_identical_and_temporally_wrong(data):
     def template(text):
         return re.sub(r"^we picked \S+ as", "we picked _ as", text)
 
+    checked = 0
     for q in data.queries:
         if q.category in ("current_state", "non_temporal"):
             continue
@@ -208,6 +215,8 @@ def test_distractors_are_near_identical_and_temporally_wrong(data):
             if template(m.text) == template(gold.text) and not any(w.contains(m.timestamp) for w in q.gold.windows)
         ]
         assert twins, q.text
+        checked += 1
+    assert checked > 1000
 
 
 def test_current_state_follows_the_latest_update(data):
@@ -234,14 +243,15 @@ def test_bad_sizes_are_rejected():
 def test_small_sizes_still_work():
     tiny = generate(60, seed=1, n_conversations=1)
     assert len(next(iter(tiny.memories.values()))) >= 60 and tiny.queries
-    assert all(q.asked_at - timedelta(days=400) < q.gold.windows[0].start for q in tiny.queries if q.gold.windows)
+    dated = [q for q in tiny.queries if q.gold.windows]
+    assert dated and all(q.asked_at - timedelta(days=400) < q.gold.windows[0].start for q in dated)
 
 
 @pytest.mark.parametrize("n_messages, n_conversations, seed", [(150, 1, 0), (1000, 4, 11), (3000, 2, 7)])
 def test_invariants_at_other_sizes(n_messages, n_conversations, seed):
     data = generate(n_messages, seed=seed, n_conversations=n_conversations)
     assert sum(len(m) for m in data.memories.values()) == n_messages
-    assert len({q.key for q in data.queries}) == len(data.queries)
+    assert data.queries and len({q.key for q in data.queries}) == len(data.queries)
     for memory in data.memories.values():
         assert [m.id for m in memory] == list(range(len(memory)))
         assert memory.timestamps == sorted(memory.timestamps)

@@ -133,7 +133,7 @@ def test_compression_budget_and_min_span(msgs, budget, data):
     question = "Did the plan change after Sweden?"
     forest, _ = build_forest(question, None, msgs, clf, "minute")
     comp = compress_forest(forest, question, IDF(m.text for m in msgs), budget)
-    for node, spans in comp.spans.items():
+    for spans in comp.spans.values():
         assert any(s.kept for s in spans), "every node keeps at least one span"
         assert all(s.kept for s in spans if s.protected), "protected spans are never omitted"
     # Mandatory = protected spans + the best-scoring span of nodes with no protected span.

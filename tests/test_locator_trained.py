@@ -8,6 +8,7 @@ tests/test_compare.py runs a locator whose predictions parse."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from tider.locator.prompt import PromptSettings
 from tider.locator.sources import make_source
 from tider.types import NON_TEMPORAL
 
+ROOT = Path(__file__).resolve().parents[1]
 PROMPT = PromptSettings(LineConfig(max_lines=3), max_prompt_tokens=2000)
 SETTINGS = {"prompt_settings": PROMPT.to_json(), "granularity": "day", "chat_template_kwargs": {}}
 
@@ -134,3 +136,35 @@ def test_metadata_round_trips_and_names_bad_files(tmp_path):
         LocatorMetadata.read(path)
     path.write_text(json.dumps({**SETTINGS, "field_from_a_newer_tider": 1}))
     assert LocatorMetadata.read(tmp_path).prompt_settings == PROMPT.to_json()  # unknown keys are ignored
+
+
+def test_removed_settings_load_at_their_shipped_value_and_name_their_last_commit(tmp_path):
+    """models/tiny-locator-v2 records timeline.summary_words (16), an option removed since:
+    it still reads and matches today's timeline (its prompt version is checked separately);
+    another value is refused, naming the option and the last commit that had it."""
+    from tider.locator.contract import REMOVED_SETTINGS, input_settings
+    from tider.retrieval.config import RetrievalConfig
+
+    shipped = ROOT / "models/tiny-locator-v2" / METADATA_FILE
+    raw = json.loads(shipped.read_text())
+    assert raw["timeline"]["summary_words"] == REMOVED_SETTINGS["timeline.summary_words"][0]
+    meta = LocatorMetadata.read(shipped)
+    assert "summary_words" not in meta.timeline and meta.timeline == input_settings(RetrievalConfig())["timeline"]
+    assert meta.input_mismatches(RetrievalConfig()) == []
+    raw["timeline"]["summary_words"] = 24
+    (tmp_path / METADATA_FILE).write_text(json.dumps(raw))
+    with pytest.raises(LocatorContractError, match=r"timeline\.summary_words is 24, .* no longer has .* fa11d15"):
+        LocatorMetadata.read(tmp_path)
+
+
+def test_removed_settings_are_gone_from_the_code():
+    from dataclasses import asdict
+
+    from tider.locator.contract import REMOVED_SETTINGS
+    from tider.retrieval.config import TimelineConfig
+
+    current = {"timeline": asdict(TimelineConfig()), "prompt_settings": PromptSettings().to_json()}
+    for path, (_, commit) in REMOVED_SETTINGS.items():
+        section, key = path.split(".")
+        assert key not in current[section], path
+        assert len(commit) == 7 and int(commit, 16) >= 0, commit

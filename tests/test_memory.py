@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -105,7 +106,7 @@ def test_incremental_adds_equal_one_add(kind, tmp_path):
     assert [m.key for m in parts.messages()] == [m.key for m in one.messages()]
     assert answers(parts, kind == "exact") == answers(one, kind == "exact")
     a, b = parts.timeline(), one.timeline()
-    assert a.starts == b.starts and [e.summary for e in a.entries] == [e.summary for e in b.entries]
+    assert a.starts == b.starts and a.entries == b.entries
 
 
 def test_index_path_equals_exact_when_the_lists_cover_the_memory():
@@ -149,9 +150,27 @@ def test_reopen_answers_identically_without_the_embedder(tmp_path):
     reopened.close()
     with pytest.raises(StoreError, match="built with embed_template"):
         TemporalMemory(tmp_path / "s", config=RetrievalConfig(embed_template="{text}"), embedder=NoEmbedder())
-    with TemporalMemory(tmp_path / "s", embedder=NoEmbedder()):
-        with pytest.raises(StoreError, match="open in another process"):
-            TemporalMemory(tmp_path / "s", embedder=NoEmbedder())
+    with (
+        TemporalMemory(tmp_path / "s", embedder=NoEmbedder()),
+        pytest.raises(StoreError, match="open in another process"),
+    ):
+        TemporalMemory(tmp_path / "s", embedder=NoEmbedder())
+
+
+def test_a_store_recording_a_removed_timeline_setting_opens(tmp_path):
+    """Stores made up to fa11d15 record timeline.summary_words (the length of summaries
+    nothing read, gone since): it never changed what a store returns, so any value is dropped."""
+    msgs, vecs = records(200)
+    cfg = RetrievalConfig()
+    with TemporalMemory(tmp_path / "s", config=cfg, embedder=NoEmbedder()) as mem:
+        mem.add(msgs, vectors=vecs)
+        before = answers(mem, exact=True), mem.timeline().starts
+    manifest = tmp_path / "s" / "tider_memory.json"
+    data = json.loads(manifest.read_text())
+    data["config"]["timeline"]["summary_words"] = 24
+    manifest.write_text(json.dumps(data))
+    with TemporalMemory(tmp_path / "s", config=cfg, embedder=NoEmbedder()) as reopened:
+        assert reopened.config == cfg and (answers(reopened, exact=True), reopened.timeline().starts) == before
 
 
 def test_bad_input_names_the_field_and_changes_nothing(tmp_path):

@@ -118,7 +118,7 @@ def test_store_coverage_is_what_the_windows_retrieve(crowded):
 def test_store_sources(toy):
     store, q = toy
     entries = store.timeline("toy").top_k(q.text, 2)
-    assert len(entries) == 2 and entries[0].summary
+    assert len(entries) == 2 and entries[0].member_ids
     tl = make_source("timeline", top_m=2).predict(q.public(), store)
     assert tl.temporal and tl.windows == tuple(sorted({e.window for e in entries}))
     # seeds come from the store's BM25 index (name "Bo" matches even ids, 40 days apart): > eps, no windows
@@ -136,7 +136,7 @@ def test_oracle_beats_none_on_a_locomo_slice():
     from tider.memory import MemoryCollection
 
     full = load_dataset("locomo", str(LOCOMO))
-    key = sorted(full.memories)[0]
+    key = min(full.memories)
     queries = eligible_queries(full, memory_keys=[key], limit=80)
     store = MemoryCollection({key: full.memories[key]})
     oracle = quick_eval(store, make_source("oracle", gold_by_key=gold_predictions(queries)), queries)

@@ -91,9 +91,8 @@ def test_untrained_model_fails_typed_and_falls_back(export_dir):
     from tider.llm.client import LLMClient
     from tider.locator.chat_source import ChatWindowSource
     from tider.locator.contract import NO_THINKING
-    from tider.types import NON_TEMPORAL, Memory, Message, Query
-
     from tider.memory import MemoryCollection
+    from tider.types import NON_TEMPORAL, Memory, Message, Query
 
     memory = Memory("m", [Message(0, "a", "hello", datetime(2023, 5, 1), "x", "s1")], "day")
     query = Query("q", "m", "When did we meet?", datetime(2023, 6, 1))
@@ -120,9 +119,8 @@ def test_prompted_source_with_a_local_instruction_model(tiny_qwen3_dir):
     from datetime import datetime
 
     from tider.locator.sources import make_source
-    from tider.types import NON_TEMPORAL, Memory, Message, Query
-
     from tider.memory import MemoryCollection
+    from tider.types import NON_TEMPORAL, Memory, Message, Query
 
     source = make_source("prompted", model=str(tiny_qwen3_dir), max_tokens=16)
     assert source.name == "prompted" and source.granularity is None  # any model, any granularity

@@ -18,7 +18,7 @@ NODES = ["gpu-a", "gpu-b", "gpu-c"]
 def dry_run(*args: str, nodes=NODES) -> tuple[int, dict[str, list[str]], str]:
     env = {**os.environ, "TIDER_DRY_RUN": "1", "TIDER_DRY_RUN_NODES": " ".join(nodes)}
     run = subprocess.run(
-        ["bash", "scripts/slurm/train.slurm", *args], cwd=ROOT, env=env, capture_output=True, text=True
+        ["bash", "scripts/slurm/train.slurm", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=False
     )
     per_node: dict[str, list[str]] = {}
     for line in run.stdout.splitlines():

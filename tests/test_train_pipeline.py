@@ -113,12 +113,8 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
         "3",
         "--use_vllm",
         "false",
-        "--filter_samples",
-        "2",
-        "--filter_pool",
-        "12",
         *DATA,
-    ]  # the seeded filter: same prompts on resume
+    ]
     # In-training evaluation on held-out prompts (a seeded sample of validation), at the start
     # and at the end: the sampled policy's rewards there are the curve GRPO should raise.
     evaluation = [
@@ -144,8 +140,6 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
         assert [h["step"] for h in history if f"eval_rewards/{name}/mean" in h] == [0, 3], name
     assert any("parse/failure_rate" in h for h in history)
     assert json.loads((grpo / "dar.json").read_text())["effective_probabilities"]
-    kept = json.loads((grpo / "prompt_filter.json").read_text())
-    assert kept["pool"] == 12 and 0 < kept["kept"] <= 12
 
     # Resume: one more step from checkpoint-3, not from scratch.
     assert main([*grpo_args, "--max_steps", "4", "--resume_from_checkpoint", "true", "--save_steps", "4"]) == 0

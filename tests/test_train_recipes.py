@@ -67,6 +67,19 @@ def test_unknown_recipe_keys_fail(tmp_path):
         parse_recipe("ppo", [])
 
 
+def test_removed_options_fail_as_unknown_arguments(tmp_path):
+    # The informative-prompt filter left src/ (issue 23; last in fa11d15): its switch is an unknown key now,
+    # on the command line and in a recipe.
+    recipe = ROOT / "configs/grpo/tiny-cpu.yaml"
+    with pytest.raises(ValueError, match="--filter_samples"):
+        parse_recipe("grpo", ["--config", str(recipe), "--filter_samples", "8"])
+    old = tmp_path / "old.yaml"
+    old.write_text(recipe.read_text() + "\nfilter_samples: 8\n")
+    with pytest.raises(ValueError, match="filter_samples"):
+        parse_recipe("grpo", ["--config", str(old)])
+    assert not hasattr(GRPOScriptArguments(), "filter_samples")
+
+
 def test_batch_rule_rejects_partial_groups():
     _, t, _ = parse_recipe("grpo", ["--config", str(ROOT / "configs/grpo/tiny-cpu.yaml")])
     t.per_device_train_batch_size, t.gradient_accumulation_steps, t.steps_per_generation = 3, 1, None

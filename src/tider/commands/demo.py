@@ -112,7 +112,6 @@ def _trained(folder: Path) -> bool:
 def run(args) -> int:
     import yaml
 
-    from tider.data import load_dataset
     from tider.train.output import quiet_libraries
 
     quiet_libraries()  # model-loading bars and library INFO stay out of the demo's own output
@@ -122,15 +121,35 @@ def run(args) -> int:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_MODE", "offline")
-    sft_recipe, grpo_recipe = (REPO / f"configs/{s}/{args.recipe}.yaml" for s in ("sft", "grpo"))
+    sft_recipe, grpo_recipe = _recipes(args.recipe)
+    sft_start = _sft_start(yaml.safe_load(sft_recipe.read_text()), out, args.from_scratch)
+    times: dict[str, float] = {}
+    dataset, data_path = _stage_data(args, out, times)
+    data_args = ["--dataset_name", args.dataset] + (["--dataset_path", data_path] if data_path else [])
+    _stage_indexes(dataset, times)
+    grpo_dir = _stage_training(args, (sft_recipe, grpo_recipe), sft_start, out, data_args, extra, times)
+    export_dir, dtype = _stage_export(args, grpo_dir, out, times)
+    # 6-7. Serve with vLLM and compare on held-out conversations.
+    comparison = _serve_and_compare(args, dataset, data_path, export_dir, out, dtype, times)
+    _report(comparison, out, times)
+    return 0
+
+
+def _recipes(name: str) -> tuple[Path, Path]:
+    """The SFT and GRPO recipes called ``name``; exits naming the known ones when one is missing."""
+    sft_recipe, grpo_recipe = (REPO / f"configs/{s}/{name}.yaml" for s in ("sft", "grpo"))
     for recipe in (sft_recipe, grpo_recipe):
         if not recipe.exists():
             known = sorted(p.stem for p in (REPO / "configs/sft").glob("*.yaml"))
-            raise SystemExit(f"recipe {args.recipe!r}: {recipe} not found; known recipes: {', '.join(known)}")
-    sft_start = _sft_start(yaml.safe_load(sft_recipe.read_text()), out, args.from_scratch)
-    times: dict[str, float] = {}
+            raise SystemExit(f"recipe {name!r}: {recipe} not found; known recipes: {', '.join(known)}")
+    return sft_recipe, grpo_recipe
 
-    # 1. Benchmark: the synthetic one is written to disk so training and evaluation read the same file.
+
+def _stage_data(args, out: Path, times: dict):
+    """1. Benchmark: the synthetic one is written to disk so training and evaluation read the
+    same file. Returns ``(dataset, data_path)``."""
+    from tider.data import load_dataset
+
     t0 = _banner("1/7", f"dataset: {args.dataset}")
     data_path = args.path
     if args.dataset == "synthetic" and args.path is None:
@@ -143,9 +162,11 @@ def run(args) -> int:
     n_msgs = sum(len(m) for m in dataset.memories.values())
     print(f"{dataset.name}: {len(dataset.memories)} memories, {n_msgs} messages, {len(dataset.queries)} queries")
     _done(t0, times, "data")
-    data_args = ["--dataset_name", args.dataset] + (["--dataset_path", data_path] if data_path else [])
+    return dataset, data_path
 
-    # 2. Timeline and indexes (embeddings are cached on disk; training and evaluation reuse them).
+
+def _stage_indexes(dataset, times: dict) -> None:
+    """2. Timeline and indexes (embeddings are cached on disk; training and evaluation reuse them)."""
     t0 = _banner("2/7", "timeline + BM25/faiss indexes")
     from tider.memory import MemoryCollection
 
@@ -155,7 +176,11 @@ def run(args) -> int:
     print(f"timeline: {n_entries} event clusters over {len(dataset.memories)} memories")
     _done(t0, times, "indexes")
 
-    # 3-4. SFT then GRPO (subprocesses: each trainer gets a clean process and frees its memory).
+
+def _stage_training(args, recipes: tuple[Path, Path], sft_start, out: Path, data_args, extra, times: dict) -> Path:
+    """3-4. SFT from ``sft_start`` then GRPO (subprocesses: each trainer gets a clean process
+    and frees its memory). Returns the GRPO folder."""
+    sft_recipe, grpo_recipe = recipes
     sft_dir, grpo_dir = out / "sft", out / "grpo"
     t0 = _banner("3/7", f"SFT ({sft_recipe.relative_to(REPO)})")
     if not _trained(sft_dir):
@@ -165,8 +190,11 @@ def run(args) -> int:
     if not _trained(grpo_dir):
         _train("grpo", grpo_recipe, grpo_dir, str(sft_dir), data_args, args.grpo_steps, extra)
     _done(t0, times, "grpo")
+    return grpo_dir
 
-    # 5. Export (verified by reload: logits + greedy outputs).
+
+def _stage_export(args, grpo_dir: Path, out: Path, times: dict) -> tuple[Path, str]:
+    """5. Export (verified by reload: logits + greedy outputs). Returns ``(folder, dtype)``."""
     t0 = _banner("5/7", "export")
     from tider.train.export import export_locator
 
@@ -178,13 +206,15 @@ def run(args) -> int:
             raise SystemExit(f"export differs from the GRPO checkpoint: {report.greedy_mismatches[:1]}")
     exported = json.loads((export_dir / "export_report.json").read_text())
     print(
-        f"export: {exported['dtype']} ({exported['source_layout']}), max |logit diff| {exported['max_abs_logit_diff']}, "
-        f"greedy identical: {exported['greedy_identical']}"
+        f"export: {exported['dtype']} ({exported['source_layout']}), "
+        f"max |logit diff| {exported['max_abs_logit_diff']}, greedy identical: {exported['greedy_identical']}"
     )
     _done(t0, times, "export")
+    return export_dir, dtype
 
-    # 6-7. Serve with vLLM and compare on held-out conversations.
-    comparison = _serve_and_compare(args, dataset, data_path, export_dir, out, dtype, times)
+
+def _report(comparison: dict, out: Path, times: dict) -> None:
+    """The comparison table, its significance section, the stage timings and where the report is."""
     from rich.console import Console
 
     from tider.commands.eval_compare import rich_table
@@ -201,7 +231,6 @@ def run(args) -> int:
         f"report: {out / 'compare' / 'compare.md'}; plots: {out / 'compare'}/compare.png, "
         f"{out / 'compare' / 'retrieval'}/*.png"
     )
-    return 0
 
 
 def _on_cpu() -> bool:

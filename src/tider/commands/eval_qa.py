@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 
 from tider.commands.eval_options import add_window_source_options, require_options_for, split_csv, window_source_options
+from tider.eval.qa_config import COMPRESSION_MODES, MAX_TOKEN_STAGES, STAGES, QAConfig
+
+DEFAULTS = QAConfig()  # every QA default is QAConfig's
 
 
 def register(subparsers) -> None:
@@ -14,8 +17,29 @@ def register(subparsers) -> None:
     )
     p.add_argument("--dataset", required=True, help="dataset loader name (locomo, longmemeval, jsonl, synthetic)")
     p.add_argument("--path", default=None, help="dataset file or directory")
-    p.add_argument("--windows", default="none,dbscan-paper,oracle", help="comma-separated window sources")
-    p.add_argument("--context", default="flat,forest", help="comma-separated context kinds: flat, forest")
+    p.add_argument("--windows", default=",".join(DEFAULTS.windows), help="comma-separated window sources")
+    p.add_argument("--context", default=",".join(DEFAULTS.contexts), help="comma-separated context kinds: flat, forest")
+    _add_model_options(p)
+    p.add_argument("--out", required=True, help="run directory (stage JSONL, manifest, report.json/md, LLM cache)")
+    _add_pipeline_options(p)
+    _add_request_options(p)
+    p.add_argument("--config", default=None, help="YAML/JSON file with RetrievalConfig fields")
+    p.add_argument("--memories", default=None, help="comma-separated memory keys (default: all)")
+    p.add_argument("--exclude-categories", default="", help="query categories to skip")
+    p.add_argument("--limit", type=int, default=None, help="first N queries (smoke runs)")
+    p.add_argument(
+        "--until",
+        default=DEFAULTS.until,
+        choices=STAGES,
+        help="last stage to run (compress: context statistics, no reader needed)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="discard earlier records in --out and start over")
+    add_window_source_options(p)  # --locator-url/-model/-meta, --prompted-url/-model
+    p.set_defaults(func=run)
+
+
+def _add_model_options(p) -> None:
+    """The reader, judge and selector: a served model's URL or a local checkpoint each."""
     p.add_argument(
         "--reader",
         default=None,
@@ -30,19 +54,22 @@ def register(subparsers) -> None:
         help="URL or checkpoint for evidence selection and relation classification (default: the reader)",
     )
     p.add_argument("--selector-model", default=None)
-    p.add_argument("--out", required=True, help="run directory (stage JSONL, manifest, report.json/md, LLM cache)")
-    p.add_argument("--k", type=int, default=20, help="seed messages from the dual-channel retriever")
-    p.add_argument("--top-n", type=int, default=100, help="candidates per window sent to evidence selection")
-    p.add_argument("--budget", type=int, default=8192, help="context budget B in tokens")
+
+
+def _add_pipeline_options(p) -> None:
+    """Retrieval, selection, structuring and compression (defaults: ``QAConfig``'s)."""
+    p.add_argument("--k", type=int, default=DEFAULTS.k, help="seed messages from the dual-channel retriever")
+    p.add_argument("--top-n", type=int, default=DEFAULTS.top_n, help="candidates per window sent to evidence selection")
+    p.add_argument("--budget", type=int, default=DEFAULTS.budget, help="context budget B in tokens")
     p.add_argument(
         "--compression",
-        default="idf",
-        choices=["idf", "truncate"],
+        default=DEFAULTS.compression,
+        choices=COMPRESSION_MODES,
         help="idf = T-Mem span compression; truncate = the w/o-compression ablation",
     )
     p.add_argument(
         "--classifier",
-        default="llm",
+        default=DEFAULTS.classifier,
         choices=["llm", "lexical"],
         help="relation classifier for structuring (lexical = named heuristic variant, no LLM)",
     )
@@ -53,6 +80,10 @@ def register(subparsers) -> None:
         help="tokenizer counting the budget (default: the reader's, local checkpoint or served name; "
         "else whitespace words)",
     )
+
+
+def _add_request_options(p) -> None:
+    """How the LLM requests are made: credentials, JSON mode, retries, limits, sampling."""
     p.add_argument("--api-key-env", default="TIDER_API_KEY", help="env var holding the API key (then OPENAI_API_KEY)")
     p.add_argument(
         "--structured",
@@ -64,25 +95,21 @@ def register(subparsers) -> None:
     p.add_argument("--max-retries", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=4, help="parallel requests to a served model")
     p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, seconds")
+    limits = ",".join(f"{stage}={getattr(DEFAULTS, f'{stage}_max_tokens')}" for stage in MAX_TOKEN_STAGES)
+    p.add_argument("--max-tokens", default=None, help=f"per-stage output limits, e.g. {limits} (the defaults)")
     p.add_argument(
-        "--max-tokens", default=None, help="per-stage output limits, e.g. select=512,structure=512,answer=256,judge=64"
+        "--answer-temperature",
+        type=float,
+        default=DEFAULTS.answer_temperature,
+        help="reader sampling temperature (0 = greedy)",
     )
-    p.add_argument("--answer-temperature", type=float, default=0.0, help="reader sampling temperature (0 = greedy)")
-    p.add_argument("--judge-temperature", type=float, default=0.0, help="judge sampling temperature (0 = greedy)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed sent with every request")
-    p.add_argument("--config", default=None, help="YAML/JSON file with RetrievalConfig fields")
-    p.add_argument("--memories", default=None, help="comma-separated memory keys (default: all)")
-    p.add_argument("--exclude-categories", default="", help="query categories to skip")
-    p.add_argument("--limit", type=int, default=None, help="first N queries (smoke runs)")
     p.add_argument(
-        "--until",
-        default="judge",
-        choices=["retrieve", "select", "structure", "compress", "answer", "judge"],
-        help="last stage to run (compress: context statistics, no reader needed)",
+        "--judge-temperature",
+        type=float,
+        default=DEFAULTS.judge_temperature,
+        help="judge sampling temperature (0 = greedy)",
     )
-    p.add_argument("--overwrite", action="store_true", help="discard earlier records in --out and start over")
-    add_window_source_options(p)  # --locator-url/-model/-meta, --prompted-url/-model
-    p.set_defaults(func=run)
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="sampling seed sent with every request")
 
 
 def _client(spec, model, args, cache_path):
@@ -126,39 +153,15 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from tider.commands.eval_retrieval import load_retrieval_config
     from tider.data import load_dataset
-    from tider.eval.qa import QAConfig, run_qa_eval
+    from tider.eval.qa import run_qa_eval
     from tider.eval.qa_report import qa_markdown
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cache = str(out / "llm_cache.sqlite")
     dataset = load_dataset(args.dataset, args.path)
-    limits = {k: int(v) for k, v in (item.split("=") for item in split_csv(args.max_tokens or ""))}
-    unknown = set(limits) - {"select", "structure", "answer", "judge"}
-    if unknown:
-        raise SystemExit(f"--max-tokens: unknown stage(s) {sorted(unknown)}; known: select, structure, answer, judge")
-    config = QAConfig(
-        windows=split_csv(args.windows),
-        contexts=split_csv(args.context),
-        k=args.k,
-        top_n=args.top_n,
-        budget=args.budget,
-        compression=args.compression,
-        classifier=args.classifier,
-        selection=not args.no_selection,
-        limit=args.limit,
-        memory_keys=split_csv(args.memories) if args.memories else None,
-        exclude_categories=split_csv(args.exclude_categories),
-        retrieval=load_retrieval_config(args.config, None),
-        source_options=window_source_options(args),
-        answer_temperature=args.answer_temperature,
-        judge_temperature=args.judge_temperature,
-        seed=args.seed,
-        until=args.until,
-        **{f"{k}_max_tokens": v for k, v in limits.items()},
-    )
+    config = _qa_config(args)
     require_options_for(config.windows, config.source_options)
     reader = _client(args.reader, args.reader_model, args, cache) if args.reader else None
     same = lambda spec, model: (
@@ -194,3 +197,32 @@ def run(args: argparse.Namespace) -> int:
         f"leak checks: {report['leak_checks']} prompts, leaks: {report['leaks']}; report: {out / 'report.md'}"
     )
     return 0
+
+
+def _qa_config(args: argparse.Namespace) -> QAConfig:
+    from tider.commands.eval_retrieval import load_retrieval_config
+
+    limits = {k: int(v) for k, v in (item.split("=") for item in split_csv(args.max_tokens or ""))}
+    unknown = set(limits) - set(MAX_TOKEN_STAGES)
+    if unknown:
+        raise SystemExit(f"--max-tokens: unknown stage(s) {sorted(unknown)}; known: {', '.join(MAX_TOKEN_STAGES)}")
+    return QAConfig(
+        windows=split_csv(args.windows),
+        contexts=split_csv(args.context),
+        k=args.k,
+        top_n=args.top_n,
+        budget=args.budget,
+        compression=args.compression,
+        classifier=args.classifier,
+        selection=not args.no_selection,
+        limit=args.limit,
+        memory_keys=split_csv(args.memories) if args.memories else None,
+        exclude_categories=split_csv(args.exclude_categories),
+        retrieval=load_retrieval_config(args.config, None),
+        source_options=window_source_options(args),
+        answer_temperature=args.answer_temperature,
+        judge_temperature=args.judge_temperature,
+        seed=args.seed,
+        until=args.until,
+        **{f"{k}_max_tokens": v for k, v in limits.items()},
+    )

@@ -138,8 +138,27 @@ def load_jsonl(
     granularity = granularity or meta.get("granularity", "day")
     if granularity not in ("day", "minute"):
         raise DatasetError(root / "dataset.json", "granularity", f"must be 'day' or 'minute', got {granularity!r}")
+    memories = _read_memories(root / "messages.jsonl", granularity)
+    queries: list[Query] = []
+    query_keys: set[str] = set()
+    unresolved_total = 0
+    queries_path = root / "queries.jsonl"
+    for label, rec in _records(queries_path, _QUERY_VALIDATOR):
+        if rec["key"] in query_keys:
+            raise DatasetError(queries_path, label, f"duplicate query key {rec['key']!r}")
+        query_keys.add(rec["key"])
+        memory = memories.get(rec["memory"])
+        if memory is None:
+            raise DatasetError(queries_path, label, f"unknown memory {rec['memory']!r} (not in messages.jsonl)")
+        query = _query(rec, memory, granularity, queries_path, label, merge_gap=merge_gap, max_windows=max_windows)
+        unresolved_total += len(query.gold.unresolved_evidence)
+        queries.append(query)
+    stats = {"unresolved_evidence": unresolved_total}
+    return Dataset(name or meta.get("name", "jsonl"), granularity, memories, queries, stats)
 
-    messages_path, queries_path = root / "messages.jsonl", root / "queries.jsonl"
+
+def _read_memories(messages_path: Path, granularity: str) -> dict[str, Memory]:
+    """The memories in ``messages.jsonl``, each message's id its position in its memory (file order)."""
     by_memory: dict[str, list[Message]] = {}
     seen: set[tuple[str, str]] = set()
     for label, rec in _records(messages_path, _MESSAGE_VALIDATOR):
@@ -164,51 +183,41 @@ def load_jsonl(
                 role=rec.get("role"),
             )
         )
-    memories = {key: Memory(key, msgs, granularity) for key, msgs in by_memory.items()}
+    return {key: Memory(key, msgs, granularity) for key, msgs in by_memory.items()}
 
-    queries: list[Query] = []
-    query_keys: set[str] = set()
-    unresolved_total = 0
-    for label, rec in _records(queries_path, _QUERY_VALIDATOR):
-        if rec["key"] in query_keys:
-            raise DatasetError(queries_path, label, f"duplicate query key {rec['key']!r}")
-        query_keys.add(rec["key"])
-        memory = memories.get(rec["memory"])
-        if memory is None:
-            raise DatasetError(queries_path, label, f"unknown memory {rec['memory']!r} (not in {messages_path.name})")
-        evidence_ids, unresolved = [], []
-        for ref in rec.get("evidence", []):
-            found = memory.id_of(ref)
-            (unresolved.append(ref) if found is None else evidence_ids.append(found))
-        unresolved_total += len(unresolved)
-        evidence_ids = sorted(set(evidence_ids))
-        temporal, windows = gold_windows(
-            (memory[i].timestamp for i in evidence_ids),
-            granularity,
-            merge_gap=merge_gap,
-            max_windows=max_windows,
-            non_temporal=rec.get("temporal") is False,
-        )
-        answer = rec.get("answer")
-        queries.append(
-            Query(
-                key=rec["key"],
-                memory_key=rec["memory"],
-                text=rec["text"],
-                asked_at=_time(rec["asked_at"], queries_path, label, "asked_at"),
-                user=rec.get("user"),
-                category=rec.get("category"),
-                gold=Gold(
-                    answer=None if answer is None else str(answer),
-                    evidence_ids=tuple(evidence_ids),
-                    windows=windows,
-                    temporal=temporal,
-                    unresolved_evidence=tuple(unresolved),
-                ),
-            )
-        )
-    stats = {"unresolved_evidence": unresolved_total}
-    return Dataset(name or meta.get("name", "jsonl"), granularity, memories, queries, stats)
+
+def _query(rec: dict, memory: Memory, granularity: str, path: Path, label: str, merge_gap, max_windows) -> Query:
+    """One validated ``queries.jsonl`` record as a ``Query`` of ``memory``: evidence keys
+    resolved to message ids (those that match no message kept as unresolved), gold windows
+    derived from them."""
+    evidence_ids, unresolved = [], []
+    for ref in rec.get("evidence", []):
+        found = memory.id_of(ref)
+        (unresolved.append(ref) if found is None else evidence_ids.append(found))
+    evidence_ids = sorted(set(evidence_ids))
+    temporal, windows = gold_windows(
+        (memory[i].timestamp for i in evidence_ids),
+        granularity,
+        merge_gap=merge_gap,
+        max_windows=max_windows,
+        non_temporal=rec.get("temporal") is False,
+    )
+    answer = rec.get("answer")
+    return Query(
+        key=rec["key"],
+        memory_key=rec["memory"],
+        text=rec["text"],
+        asked_at=_time(rec["asked_at"], path, label, "asked_at"),
+        user=rec.get("user"),
+        category=rec.get("category"),
+        gold=Gold(
+            answer=None if answer is None else str(answer),
+            evidence_ids=tuple(evidence_ids),
+            windows=windows,
+            temporal=temporal,
+            unresolved_evidence=tuple(unresolved),
+        ),
+    )
 
 
 def _clean(record: dict) -> dict:

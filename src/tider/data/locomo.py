@@ -179,6 +179,7 @@ def load_locomo(
     if not isinstance(data, list):
         raise DatasetError(path, "file", f"expected a JSON list of conversations, got {type(data).__name__}")
     non_temporal = {str(c) for c in non_temporal_categories}
+    gold_rule = {"merge_gap": merge_gap, "max_windows": max_windows, "non_temporal": non_temporal}
     stats: Counter = Counter()
     memories: dict[str, Memory] = {}
     queries: list[Query] = []
@@ -198,36 +199,43 @@ def load_locomo(
         memory = memories[sample_id] = Memory(sample_id, messages, granularity)
         asked_at = memory.timestamps[-1]
         for index, item in enumerate(qa):
-            q_label = f"{sample_id} qa[{index}]"
-            question = _require(item, "question", path, q_label)
-            category = str(_require(item, "category", path, q_label))
-            evidence = item.get("evidence") or []
-            evidence_ids, unresolved = resolve_evidence(
-                [evidence] if isinstance(evidence, str) else evidence, memory, stats
-            )
-            stats["unresolved_evidence"] += len(unresolved)
-            stats["evidence_refs"] += len(evidence_ids) + len(unresolved)
-            temporal, windows = gold_windows(
-                (memory[i].timestamp for i in evidence_ids),
-                granularity,
-                merge_gap=merge_gap,
-                max_windows=max_windows,
-                non_temporal=category in non_temporal,
-            )
-            answer = item.get("answer")
-            if answer is None and "adversarial_answer" in item:
-                answer = LOCOMO_ADVERSARIAL_ANSWER
-            if answer is None:
-                raise DatasetError(path, q_label, "missing key 'answer' (and no 'adversarial_answer')")
-            adversarial = item.get("adversarial_answer")
-            gold = Gold(
-                answer=str(answer),
-                evidence_ids=tuple(evidence_ids),
-                windows=windows,
-                temporal=temporal,
-                unresolved_evidence=tuple(unresolved),
-                adversarial_answer=None if adversarial is None else str(adversarial),
-            )
-            queries.append(Query(f"{sample_id}:q{index:04d}", sample_id, str(question), asked_at, None, category, gold))
+            queries.append(_query(item, index, memory, asked_at, path, stats, **gold_rule))
     stats = {k: dict(sorted(v.items())) if isinstance(v, Counter) else v for k, v in sorted(stats.items())}
     return Dataset("locomo", granularity, memories, queries, stats)
+
+
+def _query(
+    item, index: int, memory: Memory, asked_at, path: Path, stats: Counter, *, merge_gap, max_windows, non_temporal
+) -> Query:
+    """The ``qa[index]`` item of ``memory``'s sample as a ``Query`` asked at ``asked_at``;
+    ``non_temporal``: the categories whose questions are non-temporal."""
+    sample_id, granularity = memory.key, memory.granularity
+    q_label = f"{sample_id} qa[{index}]"
+    question = _require(item, "question", path, q_label)
+    category = str(_require(item, "category", path, q_label))
+    evidence = item.get("evidence") or []
+    evidence_ids, unresolved = resolve_evidence([evidence] if isinstance(evidence, str) else evidence, memory, stats)
+    stats["unresolved_evidence"] += len(unresolved)
+    stats["evidence_refs"] += len(evidence_ids) + len(unresolved)
+    temporal, windows = gold_windows(
+        (memory[i].timestamp for i in evidence_ids),
+        granularity,
+        merge_gap=merge_gap,
+        max_windows=max_windows,
+        non_temporal=category in non_temporal,
+    )
+    answer = item.get("answer")
+    if answer is None and "adversarial_answer" in item:
+        answer = LOCOMO_ADVERSARIAL_ANSWER
+    if answer is None:
+        raise DatasetError(path, q_label, "missing key 'answer' (and no 'adversarial_answer')")
+    adversarial = item.get("adversarial_answer")
+    gold = Gold(
+        answer=str(answer),
+        evidence_ids=tuple(evidence_ids),
+        windows=windows,
+        temporal=temporal,
+        unresolved_evidence=tuple(unresolved),
+        adversarial_answer=None if adversarial is None else str(adversarial),
+    )
+    return Query(f"{sample_id}:q{index:04d}", sample_id, str(question), asked_at, None, category, gold)

@@ -36,6 +36,7 @@ Deterministic by seed: each conversation draws from its own ``random.Random``.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -207,7 +208,7 @@ class _Conversation:
             # One instance per equal slice of the span (a recurring event, not a random
             # clump), so "last week" / "in March" often name exactly one instance.
             cuts = [round(i * self.n_days / count) for i in range(count + 1)]
-            days = [self.start + timedelta(days=rng.randrange(lo, hi)) for lo, hi in zip(cuts, cuts[1:])]
+            days = [self.start + timedelta(days=rng.randrange(lo, hi)) for lo, hi in itertools.pairwise(cuts)]
             instances = []
             for day in days:
                 value, hour, minute = rng.choice(values), rng.randint(9, 16), rng.randint(0, 40)
@@ -251,7 +252,7 @@ class _Conversation:
         rng = self.rng
         last_day = self.start + timedelta(days=self.n_days - 1)
         for project, param in rng.sample(pairs, min(len(pairs), max(1, round(2 * scale)))):
-            first, second = rng.sample(PARAMS[param], 2)
+            first, _ = rng.sample(PARAMS[param], 2)  # sampling two keeps the benchmark's rng stream
             day = self._day(0, max(0, self.n_days // 8))
             steps = [(day, "proposal", f"proposal: set the {param} of project {project} to {first}", first)]
             value, revisions = first, max(1, round(24 * per_reference))
@@ -310,61 +311,70 @@ def generate(
         )
     memories: dict[str, Memory] = {}
     queries: list[Query] = []
-    types, weights = list(QUERY_MIX), list(QUERY_MIX.values())
     for c in range(n_conversations):
         rng = random.Random(f"tider-synth:{seed}:{c}")
         key = f"{key_prefix}-{c:03d}"
         n_conv = n_messages // n_conversations + (c < n_messages % n_conversations)
         conv = _Conversation(key, n_conv, rng, BASE_DATE)
-        questions = Questions(conv)
-        order = sorted(conv.raw, key=lambda r: (r.ts, r.ref))
-        id_of_ref = {r.ref: i for i, r in enumerate(order)}
-        messages = [
-            Message(
-                i,
-                f"{key}:{i:05d}",
-                r.text,
-                r.ts,
-                r.speaker,
-                r.ts.date().isoformat(),
-                r.channel,
-                r.topic,
-                r.phase,
-                r.stage,
-            )
-            for i, r in enumerate(order)
-        ]
-        memory = memories[key] = Memory(key, messages, "day")
-        default_asked = datetime.combine(conv.end + timedelta(days=1), time(9, 0))
-        seen: set[tuple[str, datetime]] = set()
-        for _ in range(max(1, round(n_conv / 5))):
-            kind = rng.choices(types, weights)[0]
-            for _attempt in range(20):
-                built = getattr(questions, kind)()
-                if built is None:
-                    continue
-                text, answer, refs, asked_day = built
-                asked = (
-                    default_asked if asked_day is None else datetime.combine(asked_day, time(18, rng.randint(0, 59)))
-                )
-                if (text, asked) in seen:
-                    continue
-                seen.add((text, asked))
-                ids = tuple(sorted(id_of_ref[r] for r in refs))
-                temporal, windows = gold_windows(
-                    (memory[i].timestamp for i in ids), "day", non_temporal=kind == "non_temporal"
-                )
-                gold = Gold(answer=answer, evidence_ids=ids, windows=windows, temporal=temporal)
-                queries.append(
-                    Query(f"{key}:q{len(seen) - 1:04d}", key, text, asked, rng.choice(conv.people), kind, gold)
-                )
-                break
+        memory, id_of_ref = _memory(key, conv)
+        memories[key] = memory
+        queries += _queries(key, conv, memory, id_of_ref, rng, n=max(1, round(n_conv / 5)))
     stats = {
         "seed": seed,
         "query_types": dict(sorted(Counter(q.category for q in queries).items())),
         "unresolved_evidence": 0,
     }
     return Dataset("synthetic", "day", memories, queries, stats)
+
+
+def _memory(key: str, conv: _Conversation) -> tuple[Memory, dict]:
+    """``conv``'s messages in time order as the memory ``key``, and each raw message's id by its ref."""
+    order = sorted(conv.raw, key=lambda r: (r.ts, r.ref))
+    messages = [
+        Message(
+            i,
+            f"{key}:{i:05d}",
+            r.text,
+            r.ts,
+            r.speaker,
+            r.ts.date().isoformat(),
+            r.channel,
+            r.topic,
+            r.phase,
+            r.stage,
+        )
+        for i, r in enumerate(order)
+    ]
+    return Memory(key, messages, "day"), {r.ref: i for i, r in enumerate(order)}
+
+
+def _queries(key: str, conv: _Conversation, memory: Memory, id_of_ref: dict, rng: random.Random, n: int) -> list[Query]:
+    """Up to ``n`` questions about ``conv``, each of a type drawn by ``QUERY_MIX``; a draw
+    that builds no new question in 20 attempts is skipped."""
+    questions = Questions(conv)
+    types, weights = list(QUERY_MIX), list(QUERY_MIX.values())
+    default_asked = datetime.combine(conv.end + timedelta(days=1), time(9, 0))
+    seen: set[tuple[str, datetime]] = set()
+    queries: list[Query] = []
+    for _ in range(n):
+        kind = rng.choices(types, weights)[0]
+        for _attempt in range(20):
+            built = getattr(questions, kind)()
+            if built is None:
+                continue
+            text, answer, refs, asked_day = built
+            asked = default_asked if asked_day is None else datetime.combine(asked_day, time(18, rng.randint(0, 59)))
+            if (text, asked) in seen:
+                continue
+            seen.add((text, asked))
+            ids = tuple(sorted(id_of_ref[r] for r in refs))
+            temporal, windows = gold_windows(
+                (memory[i].timestamp for i in ids), "day", non_temporal=kind == "non_temporal"
+            )
+            gold = Gold(answer=answer, evidence_ids=ids, windows=windows, temporal=temporal)
+            queries.append(Query(f"{key}:q{len(seen) - 1:04d}", key, text, asked, rng.choice(conv.people), kind, gold))
+            break
+    return queries
 
 
 def default_dataset(seed: int = 0) -> Dataset:

@@ -28,6 +28,7 @@ Types (``Query.category``) and what fixes the gold window:
 from __future__ import annotations
 
 import bisect
+import itertools
 from datetime import date, timedelta
 
 MONTHS = [
@@ -272,7 +273,7 @@ class Questions:
             parts = [f"on {date_text(i.day, style)}" for i in chosen]
             how = f"the {event} " + (" and ".join(parts) if n == 2 else f"{parts[0]}, {parts[1]} and {parts[2]}")
         # Separate windows only: neighbours must be further apart than the merge gap.
-        if any((b.day - a.day).days < 3 for a, b in zip(chosen, chosen[1:])):
+        if any((b.day - a.day).days < 3 for a, b in itertools.pairwise(chosen)):
             return None
         return self._ask(attr, how, plural=True), "; ".join(i.value for i in chosen), [i.evidence for i in chosen], None
 
@@ -298,7 +299,3 @@ class Questions:
     def non_temporal(self):
         person, fact, value, ref = self.rng.choice(self.c.facts)
         return self.rng.choice(FACT_ASKS).format(who=person, fact=fact), value, [ref], None
-
-
-def asked_day_ok(asked: date | None, start: date) -> bool:
-    return asked is None or asked >= start

@@ -16,21 +16,23 @@ A persistent LLM failure (no JSON, schema mismatch, empty output, transport) is 
 error inside a ``partial`` record: this run goes on with it (selection falls back to the
 seeds, structuring leaves the child a root, a failed answer or an unparsable verdict
 counts as incorrect) and the report counts all of them; the next run retries exactly
-those records, and the input fingerprints redo whatever was built from them downstream. Every prompt goes through the ``LeakageValidator``; any leak fails
-the run. Each record stores the tokens its LLM calls spent, so the report's per-stage
-token table (T-Mem Table 6 style) survives resumes.
+those records, and the input fingerprints redo whatever was built from them downstream.
+Every prompt goes through the ``LeakageValidator``; any leak fails the run. Each record
+stores the tokens its LLM calls spent, so the report's per-stage token table (T-Mem
+Table 6 style) survives resumes.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import numpy as np
 
 from tider import scoring
 from tider.eval.leakage import LeakageValidator
+from tider.eval.qa_config import STAGES, QAConfig
 from tider.eval.runner import Stage, StageRunner, file_hash, fingerprint_of
 from tider.forest.compress import IDF, truncate_to_budget, whitespace_tokens
 from tider.forest.linearize import fit_forest, forest_rows, render_flat, render_forest, rows_to_json
@@ -48,54 +50,9 @@ from tider.forest.select import select_evidence
 from tider.forest.structure import Forest, LLMRelationClassifier, build_forest, make_classifier
 from tider.llm.jsonout import strip_think
 from tider.memory.context import past_windows
-from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset, Query, Window, window_bucket
 
-CONTEXT_KINDS = ("flat", "forest")
-STAGES = ("retrieve", "select", "structure", "compress", "answer", "judge")
-COMPRESSION_MODES = ("idf", "truncate")
 ADVERSARIAL_GOLD = "Not mentioned in the conversation"
-
-
-@dataclass
-class QAConfig:
-    windows: Sequence[str] = ("none", "dbscan-paper", "oracle")
-    contexts: Sequence[str] = CONTEXT_KINDS
-    k: int = 20  # seeds R_k(q) from the dual-channel retriever
-    top_n: int = 100  # candidates per window sent to evidence selection
-    budget: int = 8192  # context budget B in tokens
-    compression: str = "idf"
-    classifier: str = "llm"  # llm | lexical (named variant, never a silent substitute)
-    selection: bool = True
-    limit: int | None = None
-    memory_keys: Sequence[str] | None = None
-    exclude_categories: Sequence[str] = ()
-    select_max_tokens: int = 512
-    structure_max_tokens: int = 512
-    answer_max_tokens: int = 256
-    judge_max_tokens: int = 64
-    answer_temperature: float = 0.0  # selection and structuring are always greedy
-    judge_temperature: float = 0.0
-    seed: int = 0
-    until: str = "judge"  # last stage to run: compress = context statistics without a reader
-    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    # Options of model-backed window sources, e.g. {"locator": {"url": ...}} (tider.commands.eval_options).
-    source_options: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        for c in self.contexts:
-            if c not in CONTEXT_KINDS:
-                raise ValueError(f"unknown context kind {c!r}; known: {', '.join(CONTEXT_KINDS)}")
-        if self.until not in STAGES:
-            raise ValueError(f"unknown stage {self.until!r}; known: {', '.join(STAGES)}")
-        if self.compression not in COMPRESSION_MODES:
-            raise ValueError(f"unknown compression {self.compression!r}; known: {', '.join(COMPRESSION_MODES)}")
-
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["retrieval"] = self.retrieval.to_json()
-        out["windows"], out["contexts"] = list(self.windows), list(self.contexts)
-        return out
 
 
 def qa_queries(dataset: Dataset, config: QAConfig) -> list[Query]:
@@ -437,53 +394,14 @@ def run_qa_eval(
 ) -> dict:
     """Run (or resume) a QA evaluation into ``out_dir``; returns the report dict."""
     from tider.eval.qa_report import build_qa_report, write_qa_report
-    from tider.forest import prompts
 
     queries = qa_queries(dataset, config)
     if not queries:
         raise ValueError(f"dataset {dataset.name!r}: no queries left to evaluate after filtering")
     selector = selector or reader
-    wanted = set(STAGES[: STAGES.index(config.until) + 1])
-    needs = {
-        "reader": "answer" in wanted,
-        "judge": "judge" in wanted,
-        "selector": ("select" in wanted and config.selection)
-        or ("structure" in wanted and config.classifier == "llm" and "forest" in config.contexts),
-    }
-    missing = [
-        name
-        for name, needed in needs.items()
-        if needed and {"reader": reader, "judge": judge, "selector": selector}[name] is None
-    ]
-    if missing:
-        raise ValueError(f"QA run up to stage {config.until!r} needs an LLM for: {', '.join(missing)}")
-    name_of = lambda client: client.model if client is not None else None
-    usage_of = lambda client: client.usage_by_stage() if client is not None else {}
-    manifest = {
-        "command": "eval qa",
-        "dataset": dataset.name,
-        "data_path": data_path,
-        "data_hash": file_hash(data_path),
-        "n_queries": len(queries),
-        # ``until`` is left out: extending a context-only run to answers reuses its records.
-        "config": {
-            **{k: v for k, v in config.to_json().items() if k != "until"},
-            "reader": name_of(reader),
-            "judge": name_of(judge),
-            "selector": name_of(selector),
-            "tokenizer": tokenizer_name,
-        },
-        "prompt_hashes": {
-            name: prompt_hash(getattr(prompts, name))
-            for name in (
-                "SELECTION_SYSTEM",
-                "STRUCTURING_SYSTEM",
-                "READER_SYSTEM_FLAT",
-                "READER_SYSTEM_FOREST",
-                "JUDGE_SYSTEM",
-            )
-        },
-    }
+    _require_clients(config, reader=reader, judge=judge, selector=selector)
+    clients = {"reader": _name_of(reader), "judge": _name_of(judge), "selector": _name_of(selector)}
+    manifest = _manifest(dataset, config, data_path, len(queries), clients, tokenizer_name)
     runner = StageRunner(out_dir, manifest, overwrite=overwrite)
     qa = QARun(dataset, config, reader, judge, selector, count_tokens)
     records = qa.run(runner, queries, progress)
@@ -502,14 +420,64 @@ def run_qa_eval(
         "k": config.k,
         "top_n": config.top_n,
     }
+    usage_of = lambda client: client.usage_by_stage() if client is not None else {}
     report.update(
         dataset=dataset.name,
         leak_checks=qa.validator.checked,
         leaks=len(qa.validator.leaks),
-        reader=name_of(reader),
-        judge=name_of(judge),
+        reader=_name_of(reader),
+        judge=_name_of(judge),
         tokenizer=tokenizer_name,
         llm_usage_this_process={"reader": usage_of(reader), "judge": usage_of(judge), "selector": usage_of(selector)},
     )
     write_qa_report(report, out_dir)
     return report
+
+
+def _name_of(client) -> str | None:
+    return client.model if client is not None else None
+
+
+def _require_clients(config: QAConfig, **clients) -> None:
+    """Fail unless every LLM the stages up to ``config.until`` call is given (``clients``:
+    ``reader``, ``judge``, ``selector``)."""
+    wanted = set(STAGES[: STAGES.index(config.until) + 1])
+    needs = {
+        "reader": "answer" in wanted,
+        "judge": "judge" in wanted,
+        "selector": ("select" in wanted and config.selection)
+        or ("structure" in wanted and config.classifier == "llm" and "forest" in config.contexts),
+    }
+    missing = [name for name, needed in needs.items() if needed and clients[name] is None]
+    if missing:
+        raise ValueError(f"QA run up to stage {config.until!r} needs an LLM for: {', '.join(missing)}")
+
+
+def _manifest(dataset: Dataset, config: QAConfig, data_path, n_queries: int, clients: dict, tokenizer: str) -> dict:
+    """What a resumed run must match: the data, the config, the models (``clients``: name
+    by role), the tokenizer and the prompt texts."""
+    from tider.forest import prompts
+
+    return {
+        "command": "eval qa",
+        "dataset": dataset.name,
+        "data_path": data_path,
+        "data_hash": file_hash(data_path),
+        "n_queries": n_queries,
+        # ``until`` is left out: extending a context-only run to answers reuses its records.
+        "config": {
+            **{k: v for k, v in config.to_json().items() if k != "until"},
+            **clients,
+            "tokenizer": tokenizer,
+        },
+        "prompt_hashes": {
+            name: prompt_hash(getattr(prompts, name))
+            for name in (
+                "SELECTION_SYSTEM",
+                "STRUCTURING_SYSTEM",
+                "READER_SYSTEM_FLAT",
+                "READER_SYSTEM_FOREST",
+                "JUDGE_SYSTEM",
+            )
+        },
+    }

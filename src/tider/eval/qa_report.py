@@ -109,24 +109,34 @@ def build_qa_report(
     return report
 
 
+def _llm_tokens(run: dict, stage: str) -> int:
+    """Prompt plus completion tokens a run's LLM calls spent on ``stage``."""
+    return sum(run["llm_tokens"].get(stage, {}).get(k, 0) for k in ("prompt_tokens", "completion_tokens"))
+
+
 def qa_markdown(report: dict) -> str:
     variant = ", ".join(f"{k}={v}" for k, v in report.get("variant", {}).items())
     lines = [
         f"# QA evaluation ({report.get('dataset', '?')}, {report['n_queries']} queries)",
         "",
-        f"Variant: {variant}; reader: {report.get('reader')}; judge: {report.get('judge')}; "
-        f"budget tokenizer: {report.get('tokenizer')}",
+        (
+            f"Variant: {variant}; reader: {report.get('reader')}; judge: {report.get('judge')}; "
+            f"budget tokenizer: {report.get('tokenizer')}"
+        ),
         "",
-        "| windows | context | n | accuracy | F1 | ctx tokens | gold evidence in ctx | locator tok | select tok | structure tok | answer tok | judge tok | errors |",
+        (
+            "| windows | context | n | accuracy | F1 | ctx tokens | gold evidence in ctx | locator tok | select tok "
+            "| structure tok | answer tok | judge tok | errors |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in report["runs"].values():
-        tok = lambda s: sum(run["llm_tokens"].get(s, {}).get(k, 0) for k in ("prompt_tokens", "completion_tokens"))
+        tok = {stage: _llm_tokens(run, stage) for stage in ("locator", "select", "structure", "answer", "judge")}
         errs = ", ".join(f"{k}={v}" for k, v in run["errors"].items() if v) or "0"
         lines.append(
             f"| {run['window_source']} | {run['context']} | {run['n']} | {run['accuracy']} | {run['f1']} | "
-            f"{run['context_tokens_mean']} | {run.get('evidence_in_context')} | {tok('locator')} | {tok('select')} | {tok('structure')} | {tok('answer')} | "
-            f"{tok('judge')} | {errs} |"
+            f"{run['context_tokens_mean']} | {run.get('evidence_in_context')} | {tok['locator']} | {tok['select']} | "
+            f"{tok['structure']} | {tok['answer']} | {tok['judge']} | {errs} |"
         )
     forests = [(name, run["forest"]) for name, run in report["runs"].items() if "forest" in run]
     if forests:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import time
@@ -36,6 +37,8 @@ from importlib import metadata
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
 
 VERSIONED_PACKAGES = (
     "tider",
@@ -173,6 +176,7 @@ class StageRunner:
                             "record": record,
                         }
                     except Exception as err:  # recorded, retried on the next run, never silently dropped
+                        logger.debug("%s: %s failed", stage.name, k, exc_info=True)
                         row = {
                             "key": k,
                             "stage": stage.name,

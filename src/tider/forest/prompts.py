@@ -56,10 +56,13 @@ Inputs
 2. Candidate messages drawn from one topic-time window after embedding preselection.
 Select only
 1. KEY: Messages that directly state an answer-bearing fact or make a decisive contribution to the answer.
-2. SUPPORT: For current decisions or states, prefer the newest applicable adopted change and retain necessary scope, condition, exception, owner, deadline, or implementation status.
+2. SUPPORT: For current decisions or states, prefer the newest applicable adopted change and retain necessary scope, \
+condition, exception, owner, deadline, or implementation status.
 Reject
-1. IRRELEVANT: Topic similarity, shared entities, generic background, motivation, examples, and messages that merely help locate another message.
-2. IRRELEVANT: Replaced decisions, abandoned intermediate states, and unadopted proposals when the question asks for the operative state.
+1. IRRELEVANT: Topic similarity, shared entities, generic background, motivation, examples, and messages that merely \
+help locate another message.
+2. IRRELEVANT: Replaced decisions, abandoned intermediate states, and unadopted proposals when the question asks for \
+the operative state.
 3. Weak or speculative evidence; an empty selection is preferable.
 Hard constraints
 1. Use only the supplied question and messages; do not access the gold answer or outside history.
@@ -98,19 +101,25 @@ def selection_messages(
 # --------------------------------------------------------------- App. K: structuring
 STRUCTURING_SYSTEM = """Query-conditioned direct-parent selection with deterministic temporal-order gates.
 Task
-1. For each later child, select at most one earlier direct parent or Root; evaluate e_ij = r(q, earlier message, later message).
+1. For each later child, select at most one earlier direct parent or Root; evaluate e_ij = r(q, earlier message, \
+later message).
 2. The question narrows relevance but cannot manufacture a relation that is not explicit between the two messages.
 Absolute direct-relation gate
 1. Require the same concrete object, direct continuation, no hidden bridge, and counterfactual dependence.
-2. Choose Root when all candidates are connected only by topic, chronology, shared vocabulary, broad relevance, or an unstated intermediate event.
+2. Choose Root when all candidates are connected only by topic, chronology, shared vocabulary, broad relevance, or an \
+unstated intermediate event.
 Relation labels
-1. Update: a direct state transition of the same decision, plan, owner, deadline, threshold, scope, implementation status, validation result, or operative rule.
-2. Expand: a direct answer, confirmation, rejection, explanation, evidence, clarification, or implementation detail for the parent's concrete state.
+1. Update: a direct state transition of the same decision, plan, owner, deadline, threshold, scope, implementation \
+status, validation result, or operative rule.
+2. Expand: a direct answer, confirmation, rejection, explanation, evidence, clarification, or implementation detail \
+for the parent's concrete state.
 3. Root/None: no justified direct semantic parent.
 Hard ordering constraints
-1. Parent timestamp must be earlier; stage and phase_order must be nondecreasing; within the same stage and phase, phase_progress must be nondecreasing.
+1. Parent timestamp must be earlier; stage and phase_order must be nondecreasing; within the same stage and phase, \
+phase_progress must be nondecreasing.
 2. Cross-phase edges remain eligible only when all ordering gates and the direct-continuity test hold.
-The candidate parents below already satisfy the ordering gates. Label every candidate and give your confidence in [0, 1].
+The candidate parents below already satisfy the ordering gates. Label every candidate and give your confidence in [0, \
+1].
 Required output
 {"choices": [{"child_id": "Msg_2", "parent_id": "Msg_1", "relation": "UPDATE|EXPAND|NONE", "confidence": 0.9}]}"""
 

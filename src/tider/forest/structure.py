@@ -45,13 +45,6 @@ def eligible_parents(child: Message, earlier: Sequence[Message]) -> list[Message
 
 
 @dataclass
-class Edge:
-    parent_id: int
-    relation: str  # UPDATE | EXPAND
-    confidence: float
-
-
-@dataclass
 class Forest:
     """Nodes are message ids; ``parent`` maps child -> parent id (absent for roots)."""
 

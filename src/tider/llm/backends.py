@@ -149,7 +149,12 @@ class OpenAIBackend:
     ) -> Completion:
         import openai
 
-        kwargs: dict = dict(model=self.model, messages=list(messages), max_tokens=max_tokens, temperature=temperature)
+        kwargs: dict = {
+            "model": self.model,
+            "messages": list(messages),
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+        }
         if seed is not None:
             kwargs["seed"] = seed
         extra_body: dict = {}
@@ -249,7 +254,9 @@ class LocalHFBackend:
                 # Plain temperature sampling, as vLLM and TRL's GRPO sample (transformers would
                 # otherwise apply its default top_k=50).
                 sampling = (
-                    dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
+                    {"do_sample": True, "temperature": temperature, "top_k": 0}
+                    if temperature > 0
+                    else {"do_sample": False}
                 )
                 generated = self.hf_model.generate(
                     **enc, max_new_tokens=max_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling

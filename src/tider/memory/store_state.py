@@ -33,6 +33,18 @@ BUILD_FIELDS = (
     "hnsw_min_messages",
 )
 MERGE_SEGMENTS_OVER = 32  # more segment files than this: merge them into one
+# Timeline settings an older tider recorded in a store's manifest and this code no longer has.
+# None changed what a store holds or returns (summary_words sized summaries nothing read), so
+# they are dropped on opening, whatever their value.
+REMOVED_TIMELINE_SETTINGS = ("summary_words",)
+
+
+def stored_config(config: dict) -> RetrievalConfig:
+    """The ``RetrievalConfig`` a manifest records, less ``REMOVED_TIMELINE_SETTINGS``."""
+    if isinstance(config.get("timeline"), dict):
+        timeline = {k: v for k, v in config["timeline"].items() if k not in REMOVED_TIMELINE_SETTINGS}
+        config = {**config, "timeline": timeline}
+    return RetrievalConfig.from_json(config)
 
 
 class VectorBuffer:
@@ -62,7 +74,7 @@ class MemoryState:
         self.files = StoreFiles(path) if path is not None else None
         manifest = self.files.read_manifest() if self.files else None
         if manifest is not None:
-            stored = RetrievalConfig.from_json(manifest["config"])
+            stored = stored_config(manifest["config"])
             if config is not None:
                 for f in BUILD_FIELDS:
                     if getattr(config, f) != getattr(stored, f):
@@ -305,7 +317,6 @@ class MemoryState:
                         arrays["vectors"],
                         self.vectors_by_position(),
                         self.embedder,
-                        summary_words=cfg.timeline.summary_words,
                     )
                 else:
                     self._timeline = build_timeline(

@@ -367,13 +367,17 @@ class TemporalMemory:
         k: int | None = None,
         windows="none",
         llm=None,
-        budget: int = 8192,
-        top_n: int = 100,
+        budget: int | None = None,
+        top_n: int | None = None,
         classifier: str | None = None,
     ):
         """Evidence for a reader (T-Mem): search seeds, evidence selection in the windows
         (with ``llm``), UPDATE/EXPAND/ROOT structuring, IDF span compression to ``budget``
-        tokens, linearization. See ``tider.memory.context``."""
+        tokens, linearization. See ``tider.memory.context``. ``k`` defaults to this store's
+        retrieval config, ``budget`` and ``top_n`` to ``tider eval qa``'s (``QAConfig``)."""
+        from tider.eval.qa_config import QAConfig
         from tider.memory.context import build_context
 
+        budget = QAConfig.budget if budget is None else budget
+        top_n = QAConfig.top_n if top_n is None else top_n
         return build_context(self, text, asked_at, user, k, windows, llm, budget, top_n, classifier)

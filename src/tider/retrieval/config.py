@@ -41,7 +41,6 @@ class TimelineConfig:
     theta_sem: float = 0.35
     cap: int = 40
     similarity: Literal["centroid", "max"] = "centroid"
-    summary_words: int = 16  # extractive summary length budget (keeps K=30 prompts short)
 
 
 @dataclass

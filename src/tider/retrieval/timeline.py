@@ -6,17 +6,13 @@ Walk the messages in time order with one open cluster. A message joins it when a
     normalised mean of the member embeddings; ``max``: the closest member),
   * the cluster has fewer than ``cap`` members;
 otherwise the cluster closes and the message opens a new one. Each closed cluster becomes
-a ``TimelineEntry(start, end, member_ids, summary)``.
+a ``TimelineEntry(start, end, member_ids)``.
 
 Why centroid similarity and theta 0.35 by default (not 0.85): MiniLM similarities
 between consecutive chat turns are rarely >= 0.85, so the paper value yields one entry
 per turn (``bench/sweep_timeline.py`` on LoCoMo dev: 587 entries per conversation, 1.0
 message each); 0.35 with centroid similarity gives about session-sized entries (58 per
 conversation, 10 messages each), which keeps the K=30 locator prompt informative and short.
-
-Summaries go through the ``Summarizer`` protocol: ``ExtractiveSummarizer`` (default,
-deterministic: TF-IDF keywords plus the member closest to the centroid, clipped) or any
-LLM-backed object with the same ``summarize`` method.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
 
 import numpy as np
 
@@ -37,78 +32,18 @@ class TimelineEntry:
     start: datetime
     end: datetime
     member_ids: tuple[int, ...]
-    summary: str
 
     @property
     def window(self) -> Window:
         return Window(self.start, self.end)
 
 
-class Summarizer(Protocol):
-    def summarize(self, memory: Memory, member_ids: Sequence[int], embeddings: np.ndarray) -> str: ...
-
-
-def _clip_words(text: str, n: int) -> str:
-    words = text.split()
-    return " ".join(words[:n]) + (" ..." if len(words) > n else "")
-
-
-class ExtractiveSummarizer:
-    """Deterministic summary: speakers, the cluster's most distinctive words (TF-IDF of the
-    cluster against the whole memory, speaker names excluded) and its most central
-    message clipped to ``words`` words. Keywords make an entry findable by the locator even
-    when the central turn is small talk ("Wow, that's great!")."""
-
-    def __init__(self, words: int = 24, keywords: int = 6):
-        self.words, self.keywords = words, keywords
-        self._df: dict[str, tuple[int, dict[str, int]]] = {}
-
-    def _doc_freq(self, memory: Memory) -> dict[str, int]:
-        from collections import Counter
-
-        from tider.retrieval.bm25 import tokenize
-
-        if memory.key not in self._df or self._df[memory.key][0] != len(memory):  # a grown memory: recount
-            df = Counter(t for m in memory for t in set(tokenize(m.text)))
-            self._df[memory.key] = (len(memory), df)
-        return self._df[memory.key][1]
-
-    def top_keywords(self, memory: Memory, member_ids: Sequence[int]) -> list[str]:
-        import math
-        from collections import Counter
-
-        from tider.retrieval.bm25 import tokenize
-
-        df = self._doc_freq(memory)
-        names = {t for i in member_ids for t in tokenize(memory[i].speaker)}
-        from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-
-        tf = Counter(
-            t
-            for i in member_ids
-            for t in tokenize(memory[i].text)
-            if len(t) > 2 and t not in names and t not in ENGLISH_STOP_WORDS and not t.isdigit()
-        )
-        n = len(memory)
-        scored = sorted(tf, key=lambda t: (-tf[t] * math.log((1 + n) / (1 + df.get(t, 0))), t))
-        return scored[: self.keywords]
-
-    def summarize(self, memory: Memory, member_ids: Sequence[int], embeddings: np.ndarray) -> str:
-        vecs = embeddings[list(member_ids)]
-        centre = vecs.mean(axis=0)
-        best = member_ids[int(np.argmax(vecs @ centre))]
-        speakers = ", ".join(dict.fromkeys(memory[i].speaker for i in member_ids))
-        keywords = ", ".join(self.top_keywords(memory, member_ids))
-        extra = f" (+{len(member_ids) - 1} msgs)" if len(member_ids) > 1 else ""
-        return f"{speakers} | {keywords} | {_clip_words(memory[best].text, self.words)}{extra}"
-
-
 class Timeline:
     """Event clusters with their (normalised) embeddings; ``top_k`` ranks them by cosine.
 
     Clusters are contiguous position ranges of the memory (``starts[j]`` .. the next
-    start). Summaries are written on first use and describe the memory as it is, so a
-    timeline grown by ``extend`` reads exactly like one built from all messages at once.
+    start), so a timeline grown by ``extend`` reads exactly like one built from all
+    messages at once.
     """
 
     def __init__(
@@ -118,16 +53,13 @@ class Timeline:
         vectors: np.ndarray,
         embeddings: np.ndarray,
         embedder=None,
-        summarizer: Summarizer | None = None,
-        summary_words: int = 16,
         end: int | None = None,
     ):
         self.memory = memory
-        self.embeddings = embeddings  # rows = positions of ``memory`` (what summaries read)
+        self.embeddings = embeddings  # rows = positions of ``memory``
         self.starts = [int(s) for s in starts]
         self.vectors = np.asarray(vectors, dtype=np.float32).reshape(len(self.starts), -1)
         self.embedder = embedder
-        self.summarizer = summarizer or ExtractiveSummarizer(summary_words)
         self.end = len(memory) if end is None else end  # positions at or past it are not (yet) said
         self.parent: Timeline | None = None  # the full timeline of a ``visible`` view
         self._entries: dict[int, TimelineEntry] = {}
@@ -142,7 +74,7 @@ class Timeline:
     def visible(self, asked_at: datetime | None) -> Timeline:
         """The timeline as it stood at ``asked_at`` (DESIGN decision 10, no memory from the
         future): clusters that started later are gone, and the one still open then is cut
-        to the members said by then (its centroid and summary from those alone). Entries
+        to the members said by then (its centroid from those alone). Entries
         of clusters that had closed are the full timeline's own (shared caches)."""
         if asked_at is None:
             return self
@@ -155,12 +87,12 @@ class Timeline:
         vectors = self.vectors[:n].copy()
         if n:
             vectors[n - 1] = centroids(self.embeddings, [range(self.starts[n - 1], hi)])[0]
-        view = Timeline(self.memory, self.starts[:n], vectors, self.embeddings, self.embedder, self.summarizer, end=hi)
+        view = Timeline(self.memory, self.starts[:n], vectors, self.embeddings, self.embedder, end=hi)
         view.parent = self
         return view
 
     def span(self, j: int) -> Window:
-        """Cluster ``j``'s ``[first, last]`` message time (no summary needed)."""
+        """Cluster ``j``'s ``[first, last]`` message time."""
         members = self.members(j)
         return Window(self.memory.timestamps[members[0]], self.memory.timestamps[members[-1]])
 
@@ -169,12 +101,7 @@ class Timeline:
             self._entries[j] = self.parent.entry(j)
         if j not in self._entries:
             ids = tuple(self.members(j))
-            self._entries[j] = TimelineEntry(
-                self.memory.timestamps[ids[0]],
-                self.memory.timestamps[ids[-1]],
-                ids,
-                self.summarizer.summarize(self.memory, list(ids), self.embeddings),
-            )
+            self._entries[j] = TimelineEntry(self.memory.timestamps[ids[0]], self.memory.timestamps[ids[-1]], ids)
         return self._entries[j]
 
     @property
@@ -207,7 +134,7 @@ class Timeline:
         tail = cluster_messages(memory.timestamps, embeddings, config, start=start)
         starts = self.starts[:keep] + [c[0] for c in tail]
         vectors = np.concatenate([self.vectors[:keep], centroids(embeddings, tail)]) if tail else self.vectors[:keep]
-        return Timeline(memory, starts, vectors, embeddings, self.embedder, self.summarizer)
+        return Timeline(memory, starts, vectors, embeddings, self.embedder)
 
 
 def cluster_messages(
@@ -248,7 +175,6 @@ def build_timeline(
     memory: Memory,
     embedder,
     config: TimelineConfig | None = None,
-    summarizer: Summarizer | None = None,
     embeddings: np.ndarray | None = None,
 ) -> Timeline:
     """Cluster ``memory`` into a ``Timeline``. ``embeddings`` (rows = message ids) skips re-encoding."""
@@ -256,11 +182,4 @@ def build_timeline(
     if embeddings is None:
         embeddings = embedder.encode([m.text for m in memory])
     clusters = cluster_messages(memory.timestamps, embeddings, config)
-    return Timeline(
-        memory,
-        [c[0] for c in clusters],
-        centroids(embeddings, clusters),
-        embeddings,
-        embedder,
-        summarizer or ExtractiveSummarizer(config.summary_words),
-    )
+    return Timeline(memory, [c[0] for c in clusters], centroids(embeddings, clusters), embeddings, embedder)

@@ -116,14 +116,6 @@ class GRPOScriptArguments(LocatorScriptArguments):
     dar_factor_1: float = 1.0
     dar_factor_2: float = 1.0
     dar_factor_3plus: float = 4.0
-    filter_samples: int = field(
-        default=0,
-        metadata={
-            "help": "Informative-prompt filter (tider.train.prompt_filter): sample this many completions "
-            "of the starting model per candidate prompt and keep prompts whose rewards differ; 0 = off."
-        },
-    )
-    filter_pool: int = field(default=1024, metadata={"help": "Candidate train prompts the filter samples (seeded)."})
     retrieval_k: int = field(default=20, metadata={"help": "k for evidence_coverage / answer rewards (TIDER: 20)."})
     proximity_tau: float = field(default=7.0, metadata={"help": "proximity reward scale, in granularity units."})
     reader_model: str | None = field(

@@ -48,10 +48,14 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Fixed verification prompts: locator-shaped questions, no dataset needed. Short, so the
 # check costs seconds on CPU for the tiny model and well under a minute for a 1.7B one.
 VERIFY_PROMPTS = (
-    "Timeline:\n2023-05-07 to 2023-05-09: Alice went to a book club.\n"
-    "Question (asked 2023-06-01): When did Alice go to the book club?",
-    "Timeline:\n2023-03-02: Bob repainted the office.\n2023-08-14: Bob ran a city marathon.\n"
-    "Question (asked 2023-09-01): What did Bob do last month?",
+    (
+        "Timeline:\n2023-05-07 to 2023-05-09: Alice went to a book club.\n"
+        "Question (asked 2023-06-01): When did Alice go to the book club?"
+    ),
+    (
+        "Timeline:\n2023-03-02: Bob repainted the office.\n2023-08-14: Bob ran a city marathon.\n"
+        "Question (asked 2023-09-01): What did Bob do last month?"
+    ),
     "Question (asked 2024-01-10): What is Jon's favourite food?",
 )
 
@@ -285,7 +289,7 @@ def compare_models(
             a = reference(input_ids=x).logits.float()
             b = exported(input_ids=x).logits.float()
             max_diff = max(max_diff, (a - b).abs().max().item())
-            kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+            kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False, "pad_token_id": pad}
             ga = reference.generate(x, **kwargs)[0, len(ids) :].tolist()
             gb = exported.generate(x, **kwargs)[0, len(ids) :].tolist()
             if ga != gb:

@@ -155,8 +155,6 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
     )
     records = grpo_records(splits["train"], builder)
     rewards = make_rewards(script_args.reward_funcs, reward_context(script_args, dataset, store))
-    if script_args.filter_samples:
-        records = filter_prompts(records, rewards, script_args, training_args, model_args)
     if script_args.dar:
         probs = effective_probabilities([r["n_gold_windows"] for r in records], script_args.dar_factors)
         records = dar_resample(records, script_args.dar_factors, seed=training_args.seed)
@@ -197,43 +195,6 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
         run=run,
         chat_template_kwargs=training_args.chat_template_kwargs,
     )
-
-
-def filter_prompts(records, rewards, script_args, training_args, model_args) -> list[dict]:
-    """The informative-prompt filter (``tider.train.prompt_filter``) with the starting
-    checkpoint, the training temperature and the training reward weights; every rank
-    computes the same seeded result, the main process writes ``prompt_filter.json``."""
-    import torch
-
-    from tider.llm.backends import LocalHFBackend
-    from tider.train.prompt_filter import informative_records
-
-    dtype = model_init_kwargs(training_args, model_args).get("dtype") or "float32"
-    device = "cuda" if torch.cuda.is_available() and not training_args.use_cpu else "cpu"
-    backend = LocalHFBackend(
-        model_args.model_name_or_path,
-        dtype=str(dtype).replace("torch.", ""),
-        batch_size=32,
-        device=device,
-        chat_template_kwargs=training_args.chat_template_kwargs,
-    )
-    weights = training_args.reward_weights or [1.0] * len(rewards)
-    kept, report = informative_records(
-        records,
-        backend,
-        rewards,
-        weights,
-        samples=script_args.filter_samples,
-        pool=script_args.filter_pool,
-        temperature=training_args.temperature,
-        max_tokens=training_args.max_completion_length,
-        seed=training_args.seed,
-    )
-    del backend
-    if is_main_process(training_args):
-        Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(training_args.output_dir) / "prompt_filter.json").write_text(json.dumps(report, indent=2))
-    return kept
 
 
 def _log_dar(probs: dict) -> None:

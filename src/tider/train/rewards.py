@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from dateutil.parser import isoparse
 
 from tider import scoring
@@ -300,6 +301,16 @@ def make_rewards(names: Sequence[str], context: RewardContext | None = None) -> 
     if len(set(names)) != len(names):
         raise ValueError(f"reward names repeat: {list(names)}")
     return [_bind(name, context, log_failures=(i == 0)) for i, name in enumerate(names)]
+
+
+def reward_scores(reward_fns: Sequence[RewardFn], completions: Sequence[str], columns: dict) -> dict[str, np.ndarray]:
+    """Each reward function's scores for ``completions`` (texts), by its registry name,
+    outside a trainer: ``columns`` are the dataset columns TRL would forward
+    (``tider.train.examples.as_columns``)."""
+    return {
+        fn.__name__: np.asarray(fn(prompts=None, completions=list(completions), **columns), dtype=np.float64)
+        for fn in reward_fns
+    }
 
 
 def _bind(name: str, ctx: RewardContext, log_failures: bool) -> RewardFn:

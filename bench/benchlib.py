@@ -1,0 +1,171 @@
+"""What the bench scripts share: the learning benchmark's data and prompt designs, recipe
+parsing, reward scoring of a checkpoint's completions, the paired bootstrap behind the
+README's intervals, and the machine's description.
+
+Bench scripts run as ``python bench/X.py`` from the repository root, so ``bench/`` is on
+``sys.path`` and they ``import benchlib``; tests/test_benchlib.py tests it. Heavy imports
+(tider's training and models) stay inside the functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+# The learning benchmark's designs (bench_learning.py --design): its rewards, and whether
+# train-only conversations join the train split; the prompt is the code's own. The prompt
+# ablation rows (v1, +lines, +cues, +pointers, +marks, +repeat) need the prompt switches of
+# fa11d15, the last commit that has them (docs/experiments.md).
+DESIGNS = {"shipped": {"rewards": "v2", "fresh": True}}
+# The learning benchmark's data: bench_learning.py's defaults, and what benchmark_split reads.
+BENCHMARK_DATA = argparse.Namespace(
+    synthetic_messages=22400, synthetic_conversations=16, train_conversations=16, train_seed=1000
+)
+
+
+def paired_bootstrap_ci(diffs, n_boot: int = 10_000, seed: int = 0, alpha: float = 0.05) -> dict:
+    """Mean of the paired differences ``diffs`` and its percentile bootstrap ``1 - alpha``
+    interval (``n_boot`` resamples of the pairs, seeded): ``{"mean", "ci_low", "ci_high", "n"}``."""
+    diffs = np.asarray(diffs, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = diffs[rng.integers(0, len(diffs), size=(n_boot, len(diffs)))].mean(axis=1)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return {"mean": float(diffs.mean()), "ci_low": float(lo), "ci_high": float(hi), "n": len(diffs)}
+
+
+def hardware() -> str:
+    try:
+        from tider.hardware import describe  # the project's own description, where it exists
+
+        return describe()
+    except ImportError:
+        model = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "unknown CPU",
+        )
+        return f"{model}, {os.cpu_count()} cores visible, no GPU used"
+
+
+def load() -> str:
+    """The 1-minute load average (``/proc/loadavg``), as text."""
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+def matmul_ms() -> float:
+    from tider.hardware import matmul_ms as probe
+
+    return probe()
+
+
+def data_overrides(args, design: dict) -> list[str]:
+    """Recipe overrides that give every stage the benchmark's data."""
+    fresh = args.train_conversations if design["fresh"] else 0
+    return [
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--synthetic_messages",
+        str(args.synthetic_messages),
+        "--synthetic_conversations",
+        str(args.synthetic_conversations),
+        "--synthetic_train_conversations",
+        str(fresh),
+        "--synthetic_train_seed",
+        str(args.train_seed),
+    ]
+
+
+def recipe_args(recipe: str, overrides: list[str]):
+    from tider.train.config import parse_recipe
+
+    return parse_recipe(recipe.split("/")[0], ["--config", str(ROOT / f"configs/{recipe}.yaml"), *overrides])
+
+
+def benchmark_split(checkpoint, design: str = "shipped"):
+    """The benchmark's data as the GRPO recipe sees it, for scripts that score checkpoints
+    on it: ``(grpo_args, grpo_training_args, dataset, store, splits)``."""
+    from tider.memory.collection import MemoryCollection
+    from tider.train.locator_data import load_training_dataset, prepare
+
+    data = data_overrides(BENCHMARK_DATA, DESIGNS[design])
+    g_args, g_train, _ = recipe_args(
+        "grpo/tiny-cpu", ["--model_name_or_path", str(checkpoint), "--output_dir", "unused", *data]
+    )
+    dataset = load_training_dataset(g_args)
+    store = MemoryCollection(dataset.memories)
+    _, _, _, _, splits = prepare(g_args, str(checkpoint), stage="eval", dataset=dataset, store=store)
+    return g_args, g_train, dataset, store, splits
+
+
+def reward_columns(queries, tables, dataset, store) -> dict:
+    """The columns TRL passes the rewards for these prompts (``tider.train.examples``)."""
+    from tider.train.examples import PromptBuilder, as_columns
+    from tider.train.examples import reward_columns as columns_of
+
+    builder = PromptBuilder(dataset, store)  # the targets switch and window_iou score against
+    g = dataset.granularity
+    return as_columns([columns_of(q, t, g, builder.target(q, t)) for q, t in zip(queries, tables)])
+
+
+def prompted(model: str, queries, dataset, store, names, weights):
+    """``model``'s locator source, its prompts for ``queries``, and ``score(texts, queries,
+    tables)``: each reward of those completions by name, and their weighted ``composite``
+    (the recipe's reward_weights)."""
+    from tider.locator.sources import make_source
+    from tider.train.rewards import RewardContext, make_rewards, reward_scores
+
+    source = make_source("locator", model=model, batch_size=32, max_tokens=64)
+    tables = source.inputs(queries, store)
+    fns = make_rewards(names, RewardContext(dataset=dataset, store=store, k=20))
+
+    def score(texts, qs, ts) -> dict[str, np.ndarray]:
+        scores = reward_scores(fns, texts, reward_columns(qs, ts, dataset, store))
+        return {**scores, "composite": sum(float(w) * scores[n] for n, w in zip(names, weights))}
+
+    return source, tables, score
+
+
+def sampled_rewards(
+    model_dir: Path, queries, dataset, store, names, weights, samples: int, temperature: float, seed: int = 1
+) -> dict[str, np.ndarray]:
+    """Per query, each reward and the composite averaged over ``samples`` completions at
+    ``temperature``: the policy's expected reward, which is what GRPO maximizes (serving
+    decodes greedily)."""
+    source, tables, score = prompted(str(model_dir), queries, dataset, store, names, weights)
+    rep = [t for t in tables for _ in range(samples)]
+    drawn = source.client.backend.generate_batch(
+        [t.messages for t in rep], max_tokens=64, temperature=temperature, seed=seed
+    )
+    scores = score([c.text for c in drawn], [q for q in queries for _ in range(samples)], rep)
+    return {k: v.reshape(len(queries), samples).mean(axis=1) for k, v in scores.items()}
+
+
+def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, weights) -> tuple[list[dict], list[str]]:
+    """Greedy completions of ``model_dir`` on ``queries``, scored by the GRPO rewards."""
+    from tider.locator.sources import make_source
+    from tider.train.rewards import RewardContext, make_rewards, reward_scores
+
+    source = make_source("locator", model=str(model_dir), batch_size=16, max_tokens=64)
+    texts, tables = [], []
+    for i in range(0, len(queries), 32):
+        chunk = queries[i : i + 32]
+        source.predict_batch([q.public() for q in chunk], store)
+        texts += [o.text for o in source.last_outcomes]
+        tables += source.last_inputs
+    fns = make_rewards(reward_names, RewardContext(dataset=dataset, store=store, k=20))
+    scores = reward_scores(fns, texts, reward_columns(queries, tables, dataset, store))
+    rows = []
+    for i, q in enumerate(queries):
+        row = {"query": q.key, "type": q.category, **{f"r/{k}": float(v[i]) for k, v in scores.items()}}
+        row["composite"] = float(sum(w * scores[k][i] for k, w in zip(reward_names, weights)))
+        rows.append(row)
+    return rows, texts
