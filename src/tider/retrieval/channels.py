@@ -35,7 +35,11 @@ def ranked_ids(scores: np.ndarray, depth: int | None = None) -> np.ndarray:
     ``depth`` is None or covers them."""
     n = scores.shape[0]
     if depth is not None and depth < n:
-        top = np.argpartition(-scores, depth - 1)[:depth]
+        # argpartition keeps any of the rows tied with the depth-th score; keep the earliest,
+        # as the order promises (a backend ranking in SQL keeps those too)
+        kth = scores[np.argpartition(-scores, depth - 1)[depth - 1]]
+        above = np.flatnonzero(scores > kth)
+        top = np.concatenate([above, np.flatnonzero(scores == kth)[: depth - len(above)]])
         return top[np.lexsort((top, -scores[top]))]
     return np.lexsort((np.arange(n), -scores))
 
