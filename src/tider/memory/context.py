@@ -60,8 +60,8 @@ def build_context(
     ids, errors = [int(i) for i in seeds], 0
     windows_used = past_windows(prediction.windows if prediction.temporal else (), query.asked_at, mem.config.past_only)
     if llm is not None and windows_used and len(ids):
-        vector = mem.state.embed_queries([text])[0]
-        by_position = mem.state.vectors_by_position()
+        vector = mem.embed_queries([text])[0]
+        by_position = mem.vectors_by_position()
         similarity = lambda _text, cand: by_position[np.asarray(list(cand), dtype=np.int64)] @ vector
         result = select_evidence(query, memory, ids, windows_used, llm, similarity, top_n)
         ids, errors = result.ids, result.errors

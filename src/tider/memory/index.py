@@ -55,26 +55,40 @@ def fuse(
 ) -> Candidates:
     """Candidate ``sim`` from a dense top list (positions + cosines) and the BM25 scores of
     the past (``bm25_scores[:cut]``), as the exact path would score them."""
+    lexical = mode in ("bm25", "hybrid") and bm25_scores is not None and cut and float(bm25_scores.max()) > 0
+    bm25_ids = channels.ranked_ids(bm25_scores, config.rrf_depth) if lexical else None
+    return fuse_lists(dense_pos, dense_scores, bm25_ids, bm25_scores[bm25_ids] if lexical else None, mode, config, cut)
+
+
+def fuse_lists(
+    dense_pos: np.ndarray | None,
+    dense_scores: np.ndarray | None,
+    bm25_ids: np.ndarray | None,
+    bm25_top: np.ndarray | None,
+    mode: str,
+    config: RetrievalConfig,
+    cut: int,
+) -> Candidates:
+    """``fuse`` over a BM25 top list: ``bm25_ids`` best first (ties by position, cut at
+    ``rrf_depth``; None when no past message shares a term with the query) and their
+    scores ``bm25_top``. A database backend returns such lists (``tider.memory.pg``)."""
     empty = np.zeros(0, dtype=np.int64)
     dense_ids = empty
     if mode in ("dense", "hybrid") and dense_pos is not None and len(dense_pos):
         # graph and tail hits arrive together: one list, cut where exact scoring cuts it
         best_first = np.lexsort((dense_pos, -dense_scores))[: min(config.index_depth, config.rrf_depth)]
         dense_ids, dense_scores = dense_pos[best_first], dense_scores[best_first]
-    bm25_ids = empty
-    lexical = mode in ("bm25", "hybrid") and bm25_scores is not None and cut and float(bm25_scores.max()) > 0
-    if lexical:
-        bm25_ids = channels.ranked_ids(bm25_scores, config.rrf_depth)
+    lexical = mode in ("bm25", "hybrid") and bm25_ids is not None and len(bm25_ids) > 0
     if mode == "dense":
         ids, sim = (
             dense_ids,
             np.maximum(dense_scores, 0.0).astype(np.float32) if len(dense_ids) else np.zeros(0, np.float32),
         )
     elif mode == "bm25":
-        ids = bm25_ids
-        sim = (bm25_scores[ids] / float(bm25_scores.max())).astype(np.float32) if lexical else np.zeros(0, np.float32)
+        ids = bm25_ids if lexical else empty
+        sim = (bm25_top / float(bm25_top.max())).astype(np.float32) if lexical else np.zeros(0, np.float32)
     elif mode == "hybrid":
-        ids = np.union1d(dense_ids, bm25_ids)
+        ids = np.union1d(dense_ids, bm25_ids) if lexical else dense_ids
         d_rank = np.full(len(ids), np.inf)
         d_rank[np.searchsorted(ids, dense_ids)] = np.arange(1, len(dense_ids) + 1)
         b_rank = None
@@ -110,10 +124,19 @@ def indexed_rank(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The dual-channel ``(positions, scores)`` over the candidates (see module docstring)."""
     k = config.k if k is None else k
-    semantic, semantic_sim = semantic_top_k(c, k)
     if not uses_windows(prediction, config):
-        return semantic, semantic_sim
+        return semantic_top_k(c, k)
     inside = channels.id_ranges(ts_days[: c.cut], channels.window_days(prediction.windows))
+    return windowed_rank(c, inside, config, k)
+
+
+def windowed_rank(
+    c: Candidates, inside: list[tuple[int, int]], config: RetrievalConfig, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``indexed_rank`` for a temporal prediction whose windows hold the position ranges
+    ``inside`` (half-open, merged, within the past): the backend finds them (bisection
+    here, an indexed time range in a database) and this fuses."""
+    semantic, _ = semantic_top_k(c, k)
     in_window = np.zeros(len(c.ids), dtype=bool)
     for lo, hi in inside:
         in_window |= (c.ids >= lo) & (c.ids < hi)

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,9 @@ from tider.memory.store_state import MemoryState
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.retriever import dual_channel_rank, exact_similarity
 from tider.types import NON_TEMPORAL, Memory, Message, Query, WindowPrediction
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 @dataclass
@@ -124,6 +127,16 @@ class TemporalMemory:
     k and the rewards with many windows); 0 turns it off.
     """
 
+    def __new__(cls, path: str | Path | None = None, *args, **kwargs):
+        # A PostgreSQL URL opens the database backend (tider.memory.pg), same API.
+        from tider.memory.pg import is_database_url
+
+        if cls is TemporalMemory and is_database_url(path):
+            from tider.memory.pg.memory import PostgresMemory
+
+            return super().__new__(PostgresMemory)  # Python then runs PostgresMemory.__init__
+        return super().__new__(cls)
+
     def __init__(
         self,
         path: str | Path | None = None,
@@ -153,6 +166,10 @@ class TemporalMemory:
     def names(self) -> list[str]:
         return [self.name]
 
+    @property
+    def granularity(self) -> str:
+        return self.state.memory.granularity
+
     def _own(self, name: str | None) -> None:
         if name is not None and name != self.name:
             raise KeyError(f"this store holds memory {self.name!r}, not {name!r}")
@@ -174,19 +191,20 @@ class TemporalMemory:
         when this returns."""
         records = to_messages(messages)
         if vectors is not None:
-            vectors = self._check_vectors(vectors, len(records))
+            vectors = self._check_vectors(vectors, len(records), self.state.dim)
         with self._lock.writing():
             keys = self.state.add(records, vectors)
             with self._cache_lock:
                 self._semantic.clear()
         return keys
 
-    def _check_vectors(self, vectors, n: int) -> np.ndarray:
+    @staticmethod
+    def _check_vectors(vectors, n: int, dim: int | None) -> np.ndarray:
         arr = np.asarray(vectors, dtype=np.float32)
         if arr.ndim != 2 or arr.shape[0] != n:
             raise MemoryInputError("vectors", f"expected shape ({n}, dim), got {arr.shape}")
-        if self.state.dim is not None and arr.shape[1] != self.state.dim:
-            raise MemoryInputError("vectors", f"dimension {arr.shape[1]}, the store holds {self.state.dim}")
+        if dim is not None and arr.shape[1] != dim:
+            raise MemoryInputError("vectors", f"dimension {arr.shape[1]}, the store holds {dim}")
         if not np.isfinite(arr).all():
             raise MemoryInputError("vectors", "not finite")
         norms = np.linalg.norm(arr, axis=1, keepdims=True)
@@ -198,7 +216,7 @@ class TemporalMemory:
         with self._lock.writing():
             self.state.close()
 
-    def __enter__(self) -> TemporalMemory:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -211,7 +229,7 @@ class TemporalMemory:
             raise MemoryInputError("text", f"expected a string, got {type(text).__name__}")
         when = to_utc(asked_at, "asked_at") if asked_at is not None else None
         if when is None:
-            when = self.state.memory.timestamps[-1] if len(self) else datetime(1970, 1, 1)
+            when = self._newest() or datetime(1970, 1, 1)
         digest = hashlib.sha1(repr((text, when.isoformat(), user)).encode()).hexdigest()[:12]
         return Query(key=f"{self.name}:{digest}", memory_key=self.name, text=text, asked_at=when, user=user)
 
@@ -260,14 +278,33 @@ class TemporalMemory:
         k = self.config.k if k is None else int(k)
         if k < 1:
             raise MemoryInputError("k", f"must be at least 1, got {k}")
-        query = self.query(text, asked_at, user)
-        with self._lock.reading():
+        with self._reading():
+            query = self.query(text, asked_at, user)
             prediction = self.predict(query, windows)
             positions, scores, used_exact = self.rank(query, prediction, k, query_vector, exact, semantic)
-            msgs = [self.state.memory[int(i)] for i in positions]
+            msgs = self._messages_at(positions)
         return SearchHits(
             [m.key for m in msgs], [float(s) for s in scores], msgs, [int(i) for i in positions], prediction, used_exact
         )
+
+    # -- what the shared query code asks of a backend ----------------------------------------
+    def _reading(self):
+        """Held while a search runs: adds wait (here); a database backend reads one snapshot."""
+        return self._lock.reading()
+
+    def _newest(self) -> datetime | None:
+        """The latest message time (a query without ``asked_at`` is asked then)."""
+        return self.state.memory.timestamps[-1] if len(self) else None
+
+    def _messages_at(self, positions) -> list[Message]:
+        return [self.state.memory[int(i)] for i in positions]
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self.state.embed_queries(texts)
+
+    def vectors_by_position(self) -> np.ndarray:
+        """Every message's vector, rows in time order."""
+        return self.state.vectors_by_position()
 
     def cut(self, asked_at: datetime | None) -> int:
         """Number of positions a query asked at ``asked_at`` may see."""

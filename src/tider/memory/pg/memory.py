@@ -1,0 +1,324 @@
+"""``PostgresMemory``: what ``TemporalMemory("postgresql://...", name=...)`` returns.
+
+The same API and the same query code as the embedded store (``TemporalMemory``: query,
+window sources, search, context); what differs is where the memory lives and who ranks.
+Each search reads one REPEATABLE READ snapshot, so the window source's view of the memory,
+the channels and the returned messages agree even while other processes add; adds are
+transactions (``tider.memory.pg.write``). Many processes may open the same memory.
+
+Where results may differ from the embedded store (docs/design.md, "Many processes"):
+floats (pgvector sums inner products in its own order, BM25 is computed in double
+precision where bm25s stores float32), so near-ties may swap; on the HNSW path, the graph
+(pgvector's, not faiss's) and its depth (``PostgresConfig.hnsw_depth``); and, past
+``rrf_depth`` messages, which zero-score messages fill the lexical list (the earliest
+here, whichever numpy's partition picks there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+
+from tider.memory.files import StoreError
+from tider.memory.pg import rank as sql
+from tider.memory.pg.config import PostgresConfig
+from tider.memory.pg.pool import acquire, release
+from tider.memory.pg.views import MemoryView
+from tider.memory.pg.write import Fresh, bm25_terms, commit_add, ensure_hnsw, existing_keys, hnsw_state
+from tider.memory.records import MemoryInputError, to_messages
+from tider.memory.store import Ranking
+from tider.memory.store_state import BUILD_FIELDS, stored_config
+from tider.memory.temporal_memory import ReadWriteLock, TemporalMemory
+from tider.retrieval.config import RetrievalConfig
+from tider.retrieval.retriever import uses_windows
+from tider.types import Memory, Message, Query, WindowPrediction
+
+
+@dataclass
+class Snapshot:
+    """One read: a connection inside a read-only REPEATABLE READ transaction, and the memory's row."""
+
+    conn: object
+    row: sql.MemoryRow | None
+
+
+class PostgresMemory(TemporalMemory):
+    def __init__(
+        self,
+        path: str,
+        *,
+        config: RetrievalConfig | None = None,
+        embedder=None,
+        name: str | None = None,
+        granularity: str = "day",
+        locator: Mapping | None = None,
+        source_options: Mapping | None = None,
+        cache_elements: int = 20_000_000,
+        postgres: PostgresConfig | None = None,
+    ):
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise MemoryInputError("name", "a database holds many memories: name this one (1 to 200 characters)")
+        self.url, self.name, self.pg = path, name, postgres or PostgresConfig()
+        self.pool = acquire(path, self.pg)
+        try:
+            with self.pool.connection() as conn:
+                stored = conn.execute(
+                    "SELECT config, granularity FROM tider_memories WHERE name = %s", (name,)
+                ).fetchone()
+            self.config = self._settle_config(config, stored[0] if stored else None)
+        except BaseException:
+            release(self.pool)
+            raise
+        self._granularity = stored[1] if stored else granularity
+        self._embedder = embedder
+        self.source_options = {**dict(source_options or {}), **({"locator": dict(locator)} if locator else {})}
+        self._sources: dict = {}
+        self._semantic: OrderedDict = OrderedDict()
+        self.cache_elements = cache_elements
+        self._cache_lock = threading.Lock()
+        self._lock = ReadWriteLock()  # unused here: the database orders adds and reads
+        self._local = threading.local()
+        self._view = MemoryView(name, self._granularity)
+        self._released = False
+
+    def _settle_config(self, config: RetrievalConfig | None, stored: dict | None) -> RetrievalConfig:
+        """The memory's config: the one it was built with; a different index setting is refused."""
+        if stored is not None:
+            built = stored_config(stored)
+            for f in BUILD_FIELDS if config is not None else ():
+                if f not in ("bm25_backend",) and getattr(config, f) != getattr(built, f):
+                    raise StoreError(
+                        f"memory {self.name!r} at {self.pool.where}: built with {f}={getattr(built, f)!r}, "
+                        f"opened with {getattr(config, f)!r}"
+                    )
+            config = config or built
+        config = config or RetrievalConfig()
+        if config.bm25_method != "lucene":
+            raise StoreError(f"bm25_method={config.bm25_method!r}: the PostgreSQL backend scores BM25 as 'lucene'")
+        return config
+
+    @property
+    def granularity(self) -> str:
+        return self._granularity
+
+    @property
+    def embedder(self):
+        if self._embedder is None:
+            from tider.retrieval.embed import Embedder
+
+            self._embedder = Embedder(self.config.embedding_model, self.config.embedding_cache_dir)
+        return self._embedder
+
+    # -- reads: one snapshot per search ---------------------------------------------------
+    @contextlib.contextmanager
+    def _read(self):
+        """This thread's snapshot, or a new one for the duration."""
+        current = getattr(self._local, "snapshot", None)
+        if current is not None:
+            yield current
+            return
+        with self.pool.connection() as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                self._local.snapshot = Snapshot(conn, sql.MemoryRow.read(conn, self.name))
+                yield self._local.snapshot
+            finally:
+                self._local.snapshot = None
+                if not conn.closed:
+                    conn.execute("ROLLBACK")
+
+    def _reading(self):
+        return self._read()
+
+    def _copy(self, snap: Snapshot):
+        row = snap.row
+        return self._view.at(snap.conn, row.id if row else None, row.version if row else 0)
+
+    def __len__(self) -> int:
+        with self._read() as snap:
+            return snap.row.n if snap.row else 0
+
+    def _newest(self) -> datetime | None:
+        with self._read() as snap:
+            return snap.row.max_ts if snap.row else None
+
+    def messages(self, name: str | None = None) -> Memory:
+        self._own(name)
+        with self._read() as snap:
+            return self._copy(snap).memory
+
+    def timeline(self, name: str | None = None):
+        self._own(name)
+        with self._read() as snap:
+            copy = self._copy(snap)
+            return self._view.timeline(snap.conn, snap.row.id if snap.row else None, copy, self.embedder)
+
+    def vectors_by_position(self) -> np.ndarray:
+        with self._read() as snap:
+            if snap.row is None:
+                return np.zeros((0, 0), dtype=np.float32)
+            return self._view.vectors(snap.conn, snap.row.id, self._copy(snap))
+
+    def _messages_at(self, positions) -> list[Message]:
+        with self._read() as snap:
+            return sql.messages_at(snap.conn, snap.row, positions) if len(positions) else []
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
+
+    def prepare(self, queries: Iterable[Query | str]) -> None:
+        texts = [q if isinstance(q, str) else q.text for q in queries]
+        if texts:
+            self.embed_queries(list(dict.fromkeys(texts)))
+
+    def context(self, *args, **kwargs):
+        with self._read():  # the forest is built from one snapshot
+            return super().context(*args, **kwargs)
+
+    # -- ranking ---------------------------------------------------------------------------
+    def _asked(self, asked_at: datetime | None) -> datetime:
+        return asked_at if self.config.past_only and asked_at is not None else sql.FAR_FUTURE
+
+    def cut(self, asked_at: datetime | None) -> int:
+        with self._read() as snap:
+            return sql.cut_at(snap.conn, snap.row, self._asked(asked_at)) if snap.row else 0
+
+    def _use_hnsw(self, snap: Snapshot, exact: bool | None, cut: int) -> bool:
+        """The HNSW path: not asked to be exact, enough visible messages, the index built."""
+        if exact or cut < self.config.hnsw_min_messages or snap.row.dim is None:
+            return False
+        return bool(hnsw_state(snap.conn, snap.row.id))
+
+    def _candidates(self, snap: Snapshot, query: Query, query_vector, hnsw: bool, mode: str, cut: int):
+        vec_key = None if query_vector is None else np.asarray(query_vector, dtype=np.float32).tobytes()
+        key = (query.text, vec_key, self._asked(query.asked_at), mode, hnsw, snap.row.version)
+        with self._cache_lock:
+            if key in self._semantic:
+                self._semantic.move_to_end(key)
+                return self._semantic[key]
+        vector = None
+        if mode in ("dense", "hybrid"):
+            vector = (
+                np.asarray(query_vector, dtype=np.float32).reshape(-1)
+                if query_vector is not None
+                else self.embed_queries([query.text])[0]
+            )
+        found = sql.candidates(
+            snap.conn, snap.row, query.text, vector, mode, cut, self._asked(query.asked_at), hnsw, self.config, self.pg
+        )
+        with self._cache_lock:
+            self._semantic[key] = found
+            while self._semantic and len(self._semantic) * 2 * self.config.rrf_depth > self.cache_elements:
+                self._semantic.popitem(last=False)
+        return found
+
+    def rank(
+        self,
+        query: Query,
+        prediction: WindowPrediction,
+        k: int,
+        query_vector=None,
+        exact: bool | None = None,
+        semantic: str | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``(positions, scores, exact)``: ``exact`` says whether the dense list was exact."""
+        from tider.memory.index import semantic_top_k, windowed_rank
+
+        with self._read() as snap:
+            cut = sql.cut_at(snap.conn, snap.row, self._asked(query.asked_at)) if snap.row else 0
+            if cut == 0:
+                return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32), True
+            hnsw = self._use_hnsw(snap, exact, cut)
+            found = self._candidates(snap, query, query_vector, hnsw, semantic or self.config.semantic, cut)
+            if not uses_windows(prediction, self.config):
+                ids, scores = semantic_top_k(found, k)
+            else:
+                inside = sql.window_ranges(snap.conn, snap.row, prediction.windows, cut)
+                ids, scores = windowed_rank(found, inside, self.config, k)
+            return ids, scores, not hnsw
+
+    def ranking(self, query: Query, mode: str | None = None, exact: bool | None = None) -> Ranking:
+        """The semantic channel's candidates for ``query`` (positions best first, sim)."""
+        with self._read() as snap:
+            cut = sql.cut_at(snap.conn, snap.row, self._asked(query.asked_at)) if snap.row else 0
+            if cut == 0:
+                return Ranking(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+            hnsw = self._use_hnsw(snap, exact, cut)
+            found = self._candidates(snap, query, None, hnsw, mode or self.config.semantic, cut)
+            return Ranking(found.ids, found.sim)
+
+    # -- adds ------------------------------------------------------------------------------
+    def add(self, messages: Sequence[Message | Mapping], vectors: np.ndarray | None = None) -> list[str]:
+        """Add messages (dicts or ``Message``s); as ``TemporalMemory.add``. Committed when
+        this returns; a key the memory holds (added by any process) is a no-op."""
+        records = to_messages(messages)
+        keys = [r.key for r in records]
+        if vectors is not None:
+            vectors = self._check_vectors(vectors, len(records), None)
+        first = {}
+        for i, r in enumerate(records):
+            first.setdefault(r.key, i)
+        if not first:
+            return keys
+        memory_id = self._ensure_row()
+        with self.pool.connection() as conn:
+            known = existing_keys(conn, memory_id, list(first))
+        picks = [i for k, i in first.items() if k not in known]
+        if not picks:
+            return keys
+        fresh_msgs = [records[i] for i in picks]
+        vecs = vectors[picks] if vectors is not None else self._embed(fresh_msgs)
+        fresh = Fresh(fresh_msgs, vecs, bm25_terms(fresh_msgs, self.config))
+        embedding = {"model": self.config.embedding_model or "default", "template": self.config.embed_template}
+        with self.pool.connection() as conn:
+            commit_add(conn, memory_id, fresh, self.config, embedding)
+            n = conn.execute("SELECT n_messages FROM tider_memories WHERE id = %s", (memory_id,)).fetchone()[0]
+            if n >= self.config.hnsw_min_messages:
+                ensure_hnsw(
+                    conn,
+                    memory_id,
+                    vecs.shape[1],
+                    self.config,
+                    self.pg.maintenance_work_mem,
+                    self.pg.hnsw_ef_construction,
+                )
+        return keys
+
+    def _embed(self, messages: Sequence[Message]) -> np.ndarray:
+        from tider.retrieval.embed import embedding_text
+
+        texts = [embedding_text(m, self.config.embed_template) for m in messages]
+        vecs = np.asarray(self.embedder.encode(texts), dtype=np.float32)
+        return self._check_vectors(vecs, len(messages), None)
+
+    def _ensure_row(self) -> int:
+        """The memory's id, creating its row (with this config) on its first add."""
+        import json
+
+        with self.pool.connection() as conn:
+            conn.execute(
+                "INSERT INTO tider_memories (name, granularity, config) VALUES (%s, %s, %s) "
+                "ON CONFLICT (name) DO NOTHING",
+                (self.name, self._granularity, json.dumps(self.config.to_json())),
+            )
+            memory_id, stored = conn.execute(
+                "SELECT id, config FROM tider_memories WHERE name = %s", (self.name,)
+            ).fetchone()
+        self._settle_config(self.config, stored)  # another process may have created it differently
+        return memory_id
+
+    def close(self) -> None:
+        if not self._released:
+            self._released = True
+            release(self.pool)
+
+    def __del__(self):
+        if getattr(self, "_released", True) is False:
+            with contextlib.suppress(Exception):
+                self.close()

@@ -1,0 +1,152 @@
+"""The channels as SQL, and the fusion over what they return.
+
+Per query, in one read-only snapshot:
+
+- ``cut``: how many positions the query may see (the last message at or before
+  ``asked_at``, found on the ``(memory_id, ts, seq)`` index);
+- the dense list: pgvector's inner product on unit vectors (= cosine), best first among
+  the past: an exact scan of the memory's rows, ``rrf_depth`` deep, or, from
+  ``hnsw_min_messages`` visible messages on and with its index built, the memory's HNSW
+  index, ``PostgresConfig.hnsw_depth`` deep (iterative scan, so the past filter cannot
+  starve the list);
+- the lexical list: BM25 in SQL (``tider.memory.pg.lexical``), ``rrf_depth`` deep; when
+  fewer messages match, it goes on with the earliest non-matching past positions at score
+  0, as the embedded store's rank of a score vector does;
+- window ranges: each window's first and last position, two index probes per window.
+
+Python then fuses, with the embedded store's own functions (``tider.memory.index``:
+``fuse_lists``, ``semantic_top_k``, ``windowed_rank``), so equal lists give equal floats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+import numpy as np
+
+from tider.memory import index as indexed
+from tider.memory.pg.config import PostgresConfig
+from tider.memory.pg.lexical import bm25_list, ts_rank_list
+from tider.retrieval.config import RetrievalConfig
+from tider.scoring import merge_intervals
+from tider.types import Message, Window
+
+FAR_FUTURE = datetime(9999, 12, 31)
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """What a snapshot says about one memory."""
+
+    id: int
+    n: int
+    total_length: int
+    version: int
+    dim: int | None
+    max_ts: datetime | None
+
+    @classmethod
+    def read(cls, conn, name: str) -> MemoryRow | None:
+        row = conn.execute(
+            "SELECT id, n_messages, total_length, version, dim, max_ts FROM tider_memories WHERE name = %s", (name,)
+        ).fetchone()
+        return cls(*row) if row else None
+
+
+def cut_at(conn, row: MemoryRow, asked: datetime) -> int:
+    """Number of positions at or before ``asked``."""
+    if row.max_ts is not None and asked >= row.max_ts:
+        return row.n
+    found = conn.execute(
+        "SELECT pos FROM tider_messages WHERE memory_id = %s AND ts <= %s ORDER BY ts DESC, seq DESC LIMIT 1",
+        (row.id, asked),
+    ).fetchone()
+    return int(found[0]) + 1 if found else 0
+
+
+def dense_sql(row: MemoryRow, hnsw: bool) -> str:
+    """The dense channel's statement: parameters ``q``, ``asked``, ``depth``, ``m``. The
+    HNSW form names the memory's partial expression index exactly (its id and the vector
+    dimension as literals), so the planner can use it."""
+    if not hnsw:
+        return (
+            "SELECT pos, (embedding <#> %(q)s) AS d FROM tider_messages WHERE memory_id = %(m)s "
+            "AND ts <= %(asked)s ORDER BY d, pos LIMIT %(depth)s"
+        )
+    cast = f"::vector({int(row.dim)})"
+    return (
+        f"SELECT pos, (embedding{cast} <#> %(q)s{cast}) FROM tider_messages "
+        f"WHERE memory_id = {int(row.id)} AND ts <= %(asked)s "
+        f"ORDER BY embedding{cast} <#> %(q)s{cast} LIMIT %(depth)s"
+    )
+
+
+def dense_list(conn, row: MemoryRow, vector: np.ndarray, asked: datetime, depth: int, hnsw: bool):
+    """``(positions, cosines)`` of the ``depth`` best past messages (exact, or the HNSW walk)."""
+    params = {"q": np.ascontiguousarray(vector, dtype=np.float32), "m": row.id, "asked": asked, "depth": depth}
+    if hnsw:
+        conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(depth),))
+        conn.execute("SET LOCAL hnsw.iterative_scan = strict_order")
+        conn.execute("SET LOCAL enable_sort = off")  # the graph's own order, never a scan and sort
+        rows = conn.execute(dense_sql(row, True), params).fetchall()
+        conn.execute("SET LOCAL enable_sort = on")
+    else:
+        rows = conn.execute(dense_sql(row, False), params).fetchall()
+    pos = np.array([r[0] for r in rows], dtype=np.int64)
+    return pos, -np.array([r[1] for r in rows], dtype=np.float32)  # <#> is the negative inner product
+
+
+def lexical_top(conn, row: MemoryRow, text: str, asked: datetime, cut: int, config: RetrievalConfig, pg):
+    """``(positions, scores)`` of the lexical list as the embedded store ranks it, or
+    ``(None, None)`` when no past message shares a term with the query."""
+    depth = config.rrf_depth
+    if pg.lexical == "ts_rank":
+        found = ts_rank_list(conn, row.id, text, config.metadata_fields, asked, depth)
+    else:
+        found = bm25_list(conn, row.id, text, row.n, row.total_length, asked, depth)
+    if not len(found.pos):
+        return None, None
+    pos, scores = found.pos, found.scores
+    want = min(depth, cut)
+    if found.complete and len(pos) < want:  # then the earliest past messages sharing no term, at 0
+        fill = indexed._fillers([(0, cut)], np.sort(pos), want - len(pos))[0]
+        pos, scores = np.concatenate([pos, fill]), np.concatenate([scores, np.zeros(len(fill), np.float32)])
+    return pos, scores
+
+
+def candidates(conn, row, text, vector, mode, cut, asked, hnsw, config: RetrievalConfig, pg: PostgresConfig):
+    """The query's window-independent part: ``tider.memory.index.Candidates``."""
+    dense_pos = dense_scores = bm25_pos = bm25_scores = None
+    if mode in ("dense", "hybrid"):
+        depth = min(config.index_depth, config.rrf_depth, pg.hnsw_depth) if hnsw else config.rrf_depth
+        dense_pos, dense_scores = dense_list(conn, row, vector, asked, depth, hnsw)
+    if mode in ("bm25", "hybrid"):
+        bm25_pos, bm25_scores = lexical_top(conn, row, text, asked, cut, config, pg)
+    return indexed.fuse_lists(dense_pos, dense_scores, bm25_pos, bm25_scores, mode, config, cut)
+
+
+def window_ranges(conn, row: MemoryRow, windows: tuple[Window, ...], cut: int) -> list[tuple[int, int]]:
+    """Half-open position ranges of the windows within the past, merged (``channels.id_ranges``)."""
+    rows = conn.execute(
+        """SELECT
+             coalesce((SELECT pos FROM tider_messages WHERE memory_id = %(m)s AND ts >= w.s ORDER BY ts, seq LIMIT 1),
+                      %(n)s),
+             coalesce((SELECT pos FROM tider_messages WHERE memory_id = %(m)s AND ts > w.e ORDER BY ts, seq LIMIT 1),
+                      %(n)s)
+           FROM unnest(%(starts)s::timestamp[], %(ends)s::timestamp[]) AS w(s, e)""",
+        {"m": row.id, "n": row.n, "starts": [w.start for w in windows], "ends": [w.end for w in windows]},
+    ).fetchall()
+    return merge_intervals((min(lo, cut), min(hi, cut)) for lo, hi in rows if min(hi, cut) > min(lo, cut))
+
+
+def messages_at(conn, row: MemoryRow, positions) -> list[Message]:
+    """The messages at ``positions`` (``Message.id`` = position), in that order."""
+    from tider.memory.pg.views import ROW_COLUMNS, message_of
+
+    wanted = [int(p) for p in positions]
+    rows = conn.execute(
+        f"SELECT pos, {ROW_COLUMNS} FROM tider_messages WHERE memory_id = %s AND pos = ANY(%s)", (row.id, wanted)
+    ).fetchall()
+    by_pos = {r[0]: replace(message_of(r[1:]), id=r[0]) for r in rows}
+    return [by_pos[p] for p in wanted]
