@@ -1,7 +1,11 @@
 """`tider memory serve|import`: the HTTP memory service and building stores from benchmarks.
 
-tider memory serve --path DIR [--host 127.0.0.1] [--port 8100] [--locator-url URL | --locator-model PATH]
-tider memory import --dataset {jsonl,locomo,longmemeval,realmem,synthetic} [--path P] --out DIR
+tider memory serve --store URL_OR_DIR [--host 127.0.0.1] [--port 8100] [--locator-url URL | --locator-model PATH]
+tider memory import --dataset {jsonl,locomo,longmemeval,realmem,synthetic} [--path P] --out URL_OR_DIR
+
+A store is a directory of embedded stores (one per memory) or a PostgreSQL URL
+(``postgresql://user:password@host/db``: every process that opens it shares its
+memories); ``$TIDER_STORE`` gives the default.
 """
 
 from __future__ import annotations
@@ -14,8 +18,15 @@ from tider.data import LOADERS
 def register(subparsers) -> None:
     parser = subparsers.add_parser("memory", help="memory stores: the HTTP service, importing benchmarks")
     sub = parser.add_subparsers(dest="memory_command", metavar="<memory command>", required=True)
-    serve = sub.add_parser("serve", help="serve the stores under --path over HTTP (FastAPI + uvicorn)")
-    serve.add_argument("--path", required=True, help="directory of stores, one per memory name (created if missing)")
+    serve = sub.add_parser("serve", help="serve the memories of a store over HTTP (FastAPI + uvicorn)")
+    serve.add_argument(
+        "--store",
+        "--path",
+        dest="store",
+        default=None,
+        help="PostgreSQL URL (shared by every process on it) or directory of stores, one per memory name "
+        "(created if missing); default $TIDER_STORE. --path is the old name",
+    )
     serve.add_argument(
         "--host", default="127.0.0.1", help="bind address (default loopback; set TIDER_API_KEY to expose)"
     )
@@ -30,17 +41,23 @@ def register(subparsers) -> None:
     imp = sub.add_parser("import", help="build one store per conversation of a benchmark")
     imp.add_argument("--dataset", required=True, choices=sorted(LOADERS))
     imp.add_argument("--path", default=None, help="dataset file or directory (synthetic: optional)")
-    imp.add_argument("--out", required=True, help="directory to create the stores in")
+    imp.add_argument("--out", required=True, help="PostgreSQL URL or directory to create the memories in")
     imp.add_argument("--limit", type=int, default=None, help="first N conversations only")
     imp.set_defaults(func=run_import)
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from tider.memory.backends import ENV, default_store
+    from tider.memory.pg.pool import describe_url
     from tider.memory.service import serve
 
+    store = args.store or default_store()
+    if not store:
+        raise SystemExit(f"tider memory serve: give --store URL_OR_DIR (or set ${ENV})")
     locator = {k: v for k, v in (("url", args.locator_url), ("model", args.locator_model)) if v} or None
-    print(f"tider memory: serving {args.path} on http://{args.host}:{args.port} (OpenAPI at /docs)", flush=True)
-    serve(args.path, host=args.host, port=args.port, locator=locator)
+    shown = describe_url(store) if "://" in store else store  # never print a password
+    print(f"tider memory: serving {shown} on http://{args.host}:{args.port} (OpenAPI at /docs)", flush=True)
+    serve(store, host=args.host, port=args.port, locator=locator)
     return 0
 
 
@@ -50,5 +67,8 @@ def run_import(args: argparse.Namespace) -> int:
 
     dataset = load_dataset(args.dataset, args.path)
     counts = import_dataset(dataset, args.out, limit=args.limit)
-    print(f"imported {len(counts)} memories ({sum(counts.values())} messages) into {args.out}")
+    from tider.memory.pg.pool import describe_url
+
+    shown = describe_url(args.out) if "://" in args.out else args.out
+    print(f"imported {len(counts)} memories ({sum(counts.values())} messages) into {shown}")
     return 0

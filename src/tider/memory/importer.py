@@ -1,8 +1,10 @@
-"""Build one store per conversation of a benchmark: ``tider memory import``.
+"""Build one memory per conversation of a benchmark: ``tider memory import``.
 
-Memory names are the conversation keys with anything outside ``[A-Za-z0-9._-]`` turned
-into ``_`` (what the HTTP service accepts). Messages keep their source keys, so running
-the import again adds nothing twice: an interrupted import resumes where it stopped.
+The target is a directory (one embedded store per memory) or a PostgreSQL URL (one
+database, every memory in it; ``tider.memory.backends``). Memory names are the
+conversation keys with anything outside ``[A-Za-z0-9._-]`` turned into ``_`` (what the
+HTTP service accepts). Messages keep their source keys, so running the import again adds
+nothing twice: an interrupted import resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tider.memory.temporal_memory import TemporalMemory
+from tider.memory.backends import DirectoryBackend, open_backend
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset
 
@@ -28,7 +30,7 @@ def import_dataset(
     limit: int | None = None,
     progress: bool = True,
 ) -> dict[str, int]:
-    """``{store name: messages}`` for every memory imported into ``out/<name>``."""
+    """``{memory name: messages}`` for every memory imported into ``out`` (a URL or a directory)."""
     from tqdm.auto import tqdm
 
     if embedder is None:
@@ -41,11 +43,14 @@ def import_dataset(
     if len(set(names)) != len(names):
         raise ValueError(f"dataset {dataset.name!r}: memory keys collide as store names")
     counts = {}
-    for key, name in tqdm(list(zip(keys, names)), desc="import", disable=not progress):
-        with TemporalMemory(
-            Path(out) / name, config=config, embedder=embedder, name=name, granularity=dataset.granularity
-        ) as mem:
-            mem.add(dataset.memories[key].messages)
-            mem.timeline()  # built once here, saved with the store
-            counts[name] = len(mem)
+    backend = open_backend(out if isinstance(out, str) else Path(out))
+    try:
+        for key, name in tqdm(list(zip(keys, names)), desc="import", disable=not progress):
+            with backend.open(name, config=config, embedder=embedder, granularity=dataset.granularity) as mem:
+                mem.add(dataset.memories[key].messages)
+                if isinstance(backend, DirectoryBackend):
+                    mem.timeline()  # built once here, saved with the store (a database keeps it with each add)
+                counts[name] = len(mem)
+    finally:
+        backend.close()
     return counts

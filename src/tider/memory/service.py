@@ -1,7 +1,8 @@
-"""The HTTP memory service (FastAPI on uvicorn): ``tider memory serve --path DIR``.
+"""The HTTP memory service (FastAPI on uvicorn): ``tider memory serve --store URL_OR_DIR``.
 
 ```
-GET  /health                       {"status": "ok", "memories": [...]}
+GET  /health                       {"status": "ok"} (200) | {"status": "unavailable"} (503); no key needed
+GET  /memories                     {"memories": [...]}
 POST /memories/{name}/messages     {"messages": [...]}                 -> {"ids": [...]}
 POST /memories/{name}/search       {"text", "asked_at", "user", "k", "windows"}
                                    -> {"hits": [{"id", "text", "timestamp", "speaker", "score"}],
@@ -9,13 +10,17 @@ POST /memories/{name}/search       {"text", "asked_at", "user", "k", "windows"}
 GET  /openapi.json, /docs          the schema, generated from the models below
 ```
 
-Each memory is a store ``DIR/<name>`` (created by its first add). When ``TIDER_API_KEY``
-is set, every request needs ``Authorization: Bearer <key>`` (else 401; the schema and
-docs pages excepted).
+The store is a directory (one embedded store per memory, ``DIR/<name>``, created by its
+first add; one process at a time) or a PostgreSQL URL (every memory in that database;
+any number of service processes on it, behind a load balancer: an add through one is
+found through all). When ``TIDER_API_KEY`` is set, every request needs ``Authorization:
+Bearer <key>`` (else 401), except ``/health``, which a load balancer probes without one
+and which says only whether the store is reachable, and the schema and docs pages.
 Bad input is a 422 that names the field (pydantic's ``loc``, or the memory's own
-``MemoryInputError``), an unknown memory a 404, a body over ``max_body_bytes`` a 413;
-none is a 5xx. Adds to one memory are serialized (``TemporalMemory`` holds a write lock);
-searches run concurrently in the server's thread pool.
+``MemoryInputError``), an unknown memory a 404, a body over ``max_body_bytes`` a 413, a
+database that does not answer within its bound a 503 saying so; none is a 500. Adds to one
+memory are serialized (``TemporalMemory``'s write lock, or the database's row lock);
+searches run concurrently in the server's thread pool, on pooled connections.
 """
 
 from __future__ import annotations
@@ -25,16 +30,17 @@ import hmac
 import os
 import re
 import threading
-from pathlib import Path
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
+from tider.memory.backends import open_backend
 from tider.memory.files import StoreError
+from tider.memory.pg.config import DatabaseUnavailable
 from tider.memory.records import MemoryInputError
 from tider.memory.temporal_memory import TemporalMemory
 
@@ -135,17 +141,18 @@ def _input_error(err: MemoryInputError) -> HTTPException:
 
 
 def create_app(
-    root: str | os.PathLike,
+    store: str | os.PathLike,
     *,
     config=None,
     embedder=None,
     locator: dict | None = None,
     api_key: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    postgres=None,
 ) -> FastAPI:
-    """The service over the stores under ``root``; ``api_key`` defaults to ``$TIDER_API_KEY``."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    """The service over the memories in ``store`` (a directory, or a PostgreSQL URL);
+    ``api_key`` defaults to ``$TIDER_API_KEY``."""
+    backend = open_backend(store, postgres)
     key = api_key if api_key is not None else os.environ.get("TIDER_API_KEY") or None
     memories: dict[str, TemporalMemory] = {}
     opening = threading.Lock()
@@ -153,30 +160,37 @@ def create_app(
     def memory(name: str, create: bool) -> TemporalMemory:
         with opening:
             if name not in memories:
-                if not create and not (root / name / "tider_memory.json").exists():
+                if not create and not backend.exists(name):
                     raise HTTPException(404, f"no memory {name!r}")
-                memories[name] = TemporalMemory(
-                    root / name, config=config, embedder=embedder, name=name, locator=locator
-                )
+                memories[name] = backend.open(name, config=config, embedder=embedder, locator=locator)
             return memories[name]
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        for mem in memories.values():  # persist the derived indexes, release the store locks
+        for mem in memories.values():  # persist the derived indexes, release the store locks and connections
             mem.close()
+        backend.close()
 
-    app = FastAPI(
-        title="tider memory",
-        version="1",
-        description=__doc__.split("\n\n")[0],
-        lifespan=lifespan,
-        dependencies=[Depends(_authorizer(key))],
-    )
+    app = FastAPI(title="tider memory", version="1", description=__doc__.split("\n\n")[0], lifespan=lifespan)
     app.state.memories = memories
     app.add_middleware(BodyLimit, limit=max_body_bytes)
-    _add_routes(app, root, memory)
+    app.add_exception_handler(DatabaseUnavailable, _unavailable)
+
+    @app.get("/health")
+    def health() -> JSONResponse:
+        """Up or down, nothing else: unauthenticated, for load balancers' probes."""
+        up = backend.reachable()
+        return JSONResponse({"status": "ok" if up else "unavailable"}, 200 if up else 503)
+
+    router = APIRouter(dependencies=[Depends(_authorizer(key))])
+    _add_routes(router, backend, memory)
+    app.include_router(router)
     return app
+
+
+async def _unavailable(request: Request, err: DatabaseUnavailable) -> JSONResponse:
+    return JSONResponse({"detail": str(err)}, 503)
 
 
 def _authorizer(key: str | None):
@@ -189,16 +203,13 @@ def _authorizer(key: str | None):
     return authorized
 
 
-def _add_routes(app: FastAPI, root: Path, memory) -> None:
-    """The service's endpoints; ``memory(name, create)`` opens (or creates) a store under ``root``."""
+def _add_routes(app: APIRouter, backend, memory) -> None:
+    """The authenticated endpoints; ``memory(name, create)`` opens (or creates) a memory."""
     name_param = PathParam(pattern=NAME, description="memory name (letters, digits, . _ -)")
 
-    @app.get("/health")
-    def health() -> dict:
-        return {
-            "status": "ok",
-            "memories": sorted(p.name for p in root.iterdir() if (p / "tider_memory.json").exists()),
-        }
+    @app.get("/memories")
+    def names() -> dict:
+        return {"memories": backend.names()}
 
     @app.post("/memories/{name}/messages", response_model=AddResponse)
     def add(body: AddRequest, name: str = name_param) -> AddResponse:
@@ -208,6 +219,8 @@ def _add_routes(app: FastAPI, root: Path, memory) -> None:
             )
         except MemoryInputError as err:
             raise _input_error(err) from None
+        except DatabaseUnavailable:
+            raise
         except StoreError as err:
             raise HTTPException(409, str(err)) from None
 
@@ -218,7 +231,7 @@ def _add_routes(app: FastAPI, root: Path, memory) -> None:
             hits = mem.search(body.text, asked_at=body.asked_at, user=body.user, k=body.k, windows=body.windows)
         except MemoryInputError as err:
             raise _input_error(err) from None
-        g = mem.messages().granularity
+        g = mem.granularity
         prediction = hits.prediction.to_json(g) if hits.prediction.temporal else {"temporal": False, "windows": []}
         return SearchResponse(
             hits=[
@@ -229,7 +242,7 @@ def _add_routes(app: FastAPI, root: Path, memory) -> None:
         )
 
 
-def serve(root: str, host: str = "127.0.0.1", port: int = 8100, locator: dict | None = None, config=None) -> None:
+def serve(store: str, host: str = "127.0.0.1", port: int = 8100, locator: dict | None = None, config=None) -> None:
     import uvicorn
 
-    uvicorn.run(create_app(root, config=config, locator=locator), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(store, config=config, locator=locator), host=host, port=port, log_level="warning")
