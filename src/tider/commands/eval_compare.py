@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import argparse
 
-from tider.commands.eval_options import add_window_source_options, require_options_for, split_csv, window_source_options
+from tider.commands.eval_options import (
+    add_store_option,
+    add_window_source_options,
+    require_options_for,
+    split_csv,
+    window_source_options,
+)
 
 
 def register(eval_subparsers) -> None:
@@ -51,6 +57,7 @@ def register(eval_subparsers) -> None:
     )
     p.add_argument("--exclude-categories", default="5,adversarial", help="query categories to skip ('' keeps all)")
     p.add_argument("--limit", type=int, default=None, help="first N eligible queries (smoke runs)")
+    add_store_option(p)
     p.add_argument("--overwrite", action="store_true", help="discard earlier records in --out and start over")
     add_window_source_options(p)
     qa = p.add_argument_group("QA accuracy through the forest back end (optional)")
@@ -107,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         memory_keys=memory_keys,
         limit=args.limit,
         retrieval=load_retrieval_config(args.config, args.semantic),
+        store=args.store,
     )
     qa = None
     if args.reader:

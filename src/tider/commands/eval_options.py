@@ -12,6 +12,9 @@ model-backed window sources:
     --prompted-url URL     the zero-shot `prompted` baseline: any instruction model's server
     --prompted-model NAME  its served model name, or a local checkpoint without --prompted-url
 
+``--store URL_OR_DIR`` (retrieval and compare) searches the memories in a PostgreSQL
+database or a directory of stores, importing them there first (idempotent).
+
 They become ``source_options`` (``{"locator": {"url": ...}}``), which the runners hand to
 ``tider.locator.sources.make_source_from_context``.
 """
@@ -50,6 +53,15 @@ def add_window_source_options(parser) -> None:
         "--prompted-model",
         default=None,
         help="served model name with --prompted-url, else a local instruction checkpoint",
+    )
+
+
+def add_store_option(parser) -> None:
+    parser.add_argument(
+        "--store",
+        default=None,
+        help="search the memories in this PostgreSQL URL or directory of stores, importing the dataset's "
+        "memories there first (idempotent); default: in this process",
     )
 
 

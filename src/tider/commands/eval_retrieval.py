@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from tider.commands.eval_options import add_window_source_options, require_options_for, split_csv, window_source_options
+from tider.commands.eval_options import (
+    add_store_option,
+    add_window_source_options,
+    require_options_for,
+    split_csv,
+    window_source_options,
+)
 
 
 def register(subparsers) -> None:
@@ -32,6 +38,7 @@ def register(subparsers) -> None:
         help="evaluate only the memories of this conversation-level split (tider.train.examples.split_keys)",
     )
     p.add_argument("--limit", type=int, default=None, help="first N eligible queries (smoke runs)")
+    add_store_option(p)
     p.add_argument("--overwrite", action="store_true", help="discard earlier records in --out and start over")
     add_window_source_options(p)  # --locator-url/-model/-meta, --prompted-url/-model
     p.set_defaults(func=run)
@@ -81,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         limit=args.limit,
         retrieval=load_retrieval_config(args.config, args.semantic),
         source_options=window_source_options(args),
+        store=args.store,
     )
     require_options_for(config.methods, config.source_options)
     report = run_retrieval_eval(dataset, config, args.out, data_path=args.path, overwrite=args.overwrite)

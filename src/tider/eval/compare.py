@@ -46,6 +46,7 @@ class CompareConfig:
     memory_keys: Sequence[str] | None = None
     limit: int | None = None
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    store: str | None = None  # where retrieval searches the memories (RetrievalEvalConfig.store)
 
     @property
     def methods(self) -> list[str]:
@@ -299,6 +300,7 @@ def run_compare(
         mcnemar_k=config.mcnemar_k,
         retrieval=config.retrieval,
         source_options=config.source_options,
+        store=config.store,
     )
     retrieval_report = run_retrieval_eval(
         dataset, retrieval_config, out / "retrieval", data_path=data_path, overwrite=overwrite, progress=progress

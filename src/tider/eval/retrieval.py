@@ -36,6 +36,9 @@ class RetrievalEvalConfig:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     # Options of model-backed sources, e.g. {"locator": {"url": ...}} (tider.commands.eval_options).
     source_options: dict = field(default_factory=dict)
+    # Where the memories are searched: None = in this process; a PostgreSQL URL or a
+    # directory = imported there (idempotent) and searched through it (MemoryCollection).
+    store: str | None = None
 
 
 def eligible_queries(
@@ -105,6 +108,14 @@ def quick_eval(store, source, queries: Sequence[Query], ks: Sequence[int] = (20,
     return aggregate([query_record(q, source, store, ks, store.granularity, mode) for q in queries], ks)
 
 
+def _shown(store: str) -> str:
+    """A store as a manifest records it: a URL without its password."""
+    from tider.memory.pg import is_database_url
+    from tider.memory.pg.pool import describe_url
+
+    return describe_url(store) if is_database_url(store) else str(store)
+
+
 def run_retrieval_eval(
     dataset: Dataset,
     config: RetrievalEvalConfig,
@@ -133,10 +144,11 @@ def run_retrieval_eval(
             "limit": config.limit,
             "source_options": config.source_options,
             "retrieval": config.retrieval.to_json(),
+            **({"store": _shown(config.store)} if config.store else {}),
         },
     }
     runner = StageRunner(out_dir, manifest, overwrite=overwrite)
-    store = MemoryCollection(dataset.memories, config.retrieval)
+    store = MemoryCollection(dataset.memories, config.retrieval, store=config.store)
     store.prepare(queries)
     context = {"store": store, "gold_by_key": gold_predictions(queries), "source_options": config.source_options}
     records = {}

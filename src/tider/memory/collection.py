@@ -1,4 +1,4 @@
-"""``MemoryCollection``: a ``MemoryStore`` of one in-process ``TemporalMemory`` per conversation.
+"""``MemoryCollection``: a ``MemoryStore`` of one ``TemporalMemory`` per conversation.
 
 The evaluation harness (``tider eval retrieval|qa|compare``), the GRPO rewards and the
 training prompts read a dataset's memories through this, so they run the query path users
@@ -6,10 +6,17 @@ run (docs/design.md, decision 12). It needs the memories only, never the queries
 gold: a query is searched by its public part. Each memory is built on first use from the
 loaded ``Memory`` (messages in its time order, so a message's position is its ``id``
 there and gold evidence ids line up); one embedder (and its on-disk cache) serves all.
+
+By default each memory lives in the process. With ``store`` (a PostgreSQL URL or a
+directory, ``tider.memory.backends``) each is imported there under its
+``tider memory import`` name (adding what is missing: a second run adds nothing) and
+searched there; a store memory holding other messages than the dataset's is refused, since
+positions would not line up with the gold.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -21,13 +28,27 @@ from tider.types import Memory, Query, WindowPrediction
 
 
 class MemoryCollection:
-    def __init__(self, memories: Mapping[str, Memory], config: RetrievalConfig | None = None, embedder=None):
+    def __init__(
+        self,
+        memories: Mapping[str, Memory],
+        config: RetrievalConfig | None = None,
+        embedder=None,
+        store: str | os.PathLike | None = None,
+    ):
         from tider.retrieval.embed import Embedder
 
         self.memories = dict(memories)
         self.config = config or RetrievalConfig()
         self.embedder = embedder or Embedder(self.config.embedding_model, self.config.embedding_cache_dir)
         self._built: dict[str, TemporalMemory] = {}
+        self.store, self._backend = store, None
+        if store is not None:
+            from tider.memory.backends import open_backend
+            from tider.memory.importer import store_name
+
+            if len({store_name(k) for k in self.memories}) != len(self.memories):
+                raise ValueError("memory keys collide as store names (tider.memory.importer.store_name)")
+            self._backend = open_backend(store)
 
     @property
     def granularity(self) -> str:
@@ -40,16 +61,26 @@ class MemoryCollection:
             source = self.memories[memory_key]
             if not len(source):
                 raise ValueError(f"memory {memory_key!r} has no messages: nothing to index or retrieve")
-            mem = TemporalMemory(
-                None, config=self.config, embedder=self.embedder, name=memory_key, granularity=source.granularity
-            )
-            mem.add(source.messages)
-            if len(mem) != len(source):
-                raise ValueError(
-                    f"memory {memory_key!r}: message keys repeat ({len(source)} messages, {len(mem)} distinct keys)"
-                )
-            self._built[memory_key] = mem
+            self._built[memory_key] = self._open(memory_key, source)
         return self._built[memory_key]
+
+    def _open(self, memory_key: str, source: Memory) -> TemporalMemory:
+        kwargs = {"config": self.config, "embedder": self.embedder, "granularity": source.granularity}
+        if self._backend is None:
+            mem = TemporalMemory(None, name=memory_key, **kwargs)
+        else:
+            from tider.memory.importer import store_name
+
+            mem = self._backend.open(store_name(memory_key), **kwargs)
+        mem.add(source.messages)
+        if len(mem) != len(source):
+            raise ValueError(
+                f"memory {memory_key!r}: {len(source)} messages in the dataset, {len(mem)} in the memory "
+                "(keys repeat, or the store's memory holds others)"
+            )
+        if self._backend is not None and [m.key for m in mem.messages()] != [m.key for m in source.messages]:
+            raise ValueError(f"memory {memory_key!r} in {self._backend.describe()}: its messages are not the dataset's")
+        return mem
 
     # -- tider.memory.store.MemoryStore --------------------------------------------------
     def names(self) -> list[str]:
