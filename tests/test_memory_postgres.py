@@ -1,0 +1,371 @@
+"""TemporalMemory on PostgreSQL + pgvector, against a real server (pgserver: PostgreSQL 18
+with pgvector 0.8, started from a temporary directory; no mock, no skip).
+
+Same answers as the embedded store; adds as transactions (two writers, a SIGKILLed writer);
+a schema the code migrates; clear, bounded failure when the database goes away."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pgtesting import LocalServer
+from test_memory import DIM, T0, NoEmbedder, answers, queries, records
+
+from tider.memory import MemoryInputError, StoreError, TemporalMemory
+from tider.memory.pg.config import DatabaseUnavailable, PostgresConfig
+from tider.retrieval.config import RetrievalConfig
+from tider.types import NON_TEMPORAL, Window, WindowPrediction
+
+TESTS = str(Path(__file__).resolve().parent)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = LocalServer(tmp_path_factory.mktemp("pg") / "data")
+    yield srv
+    srv.close()
+
+
+def overlap(a: list, b: list) -> float:
+    return len(set(a) & set(b)) / max(len(a), 1)
+
+
+def test_schema_is_created_and_versioned_by_code(server):
+    import psycopg
+
+    url = server.database()
+    TemporalMemory(url, name="a", embedder=NoEmbedder()).close()
+    TemporalMemory(url, name="b", embedder=NoEmbedder()).close()  # already migrated: nothing applied twice
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT version FROM tider_schema").fetchall() == [(1,)]
+        conn.execute("INSERT INTO tider_schema (version, description) VALUES (99, 'from the future')")
+    from tider.memory.pg import pool
+
+    pool._POOLS.clear()  # a new process would open a new pool: it must refuse a schema it does not know
+    with pytest.raises(StoreError, match="version 99, this tider knows up to 1: upgrade tider"):
+        TemporalMemory(url, name="a", embedder=NoEmbedder())
+
+
+def test_answers_equal_the_embedded_store(server):
+    """3000 messages in three adds, the last older than the rest (positions renumbered):
+    same order, same timeline, same answers and scores on the exact path."""
+    msgs, vecs = records(3000)
+    embedded = TemporalMemory(None, embedder=NoEmbedder())
+    embedded.add(msgs, vectors=vecs)
+    mem = TemporalMemory(server.database(), name="team", embedder=NoEmbedder())
+    by_time = np.argsort([m["timestamp"] for m in msgs], kind="stable")
+    late, early = by_time[1000:], by_time[:1000]
+    mem.add([msgs[i] for i in sorted(late[:1000])], vectors=vecs[sorted(late[:1000])])
+    mem.add([msgs[i] for i in sorted(late[1000:])], vectors=vecs[sorted(late[1000:])])
+    mem.add([msgs[i] for i in sorted(early)], vectors=vecs[sorted(early)])  # older than everything stored
+    # equal timestamps keep the order of addition; here it differs from the one-add order only there
+    assert len(mem) == 3000 and sorted(m.key for m in mem.messages()) == sorted(m.key for m in embedded.messages())
+    reference = TemporalMemory(None, embedder=NoEmbedder())
+    order = [int(k[1:]) for k in (m.key for m in mem.messages())]
+    reference.add([msgs[i] for i in order], vectors=vecs[order])
+    assert [m.key for m in reference.messages()] == [m.key for m in mem.messages()]
+    got, want = answers(mem, exact=True), answers(reference, exact=True)
+    assert [ids for ids, _ in got] == [ids for ids, _ in want]
+    assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-6)
+    a, b = mem.timeline(), reference.timeline()
+    assert a.starts == b.starts and np.allclose(a.vectors, b.vectors, atol=1e-6)
+    assert mem.add(msgs[:10], vectors=vecs[:10]) == [m["key"] for m in msgs[:10]] and len(mem) == 3000  # no-ops
+    mem.close()
+
+
+def test_hnsw_path_is_used_and_agrees(server):
+    """Forced HNSW (``hnsw_min_messages=0``): the planner walks the memory's index; its
+    top 10 overlaps the embedded store's at the same dense depth (``hnsw_depth``, 300 by
+    default, ``index_depth`` there) and, 1000 deep, the exact one, on 90% or more. (These
+    messages draw 6 words from 14, so BM25 ties everywhere and deep dense ranks decide: the
+    depth shows here as it does not on LoCoMo, tests/test_postgres_parity.py.)"""
+    import psycopg
+
+    from tider.memory.pg import rank as sql
+
+    msgs, vecs = records(3000)
+    exact = TemporalMemory(None, embedder=NoEmbedder())
+    exact.add(msgs, vectors=vecs)
+    shallow = TemporalMemory(None, config=RetrievalConfig(index_min_messages=0, index_depth=300), embedder=NoEmbedder())
+    shallow.add(msgs, vectors=vecs)
+    url, forced = server.database(), RetrievalConfig(hnsw_min_messages=0)
+    mem = TemporalMemory(url, name="big", config=forced, embedder=NoEmbedder())
+    mem.add(msgs, vectors=vecs)
+    deep = TemporalMemory(url, name="big", embedder=NoEmbedder(), postgres=PostgresConfig(hnsw_depth=1000))
+    hits = mem.search("budget", query_vector=vecs[0], k=5)
+    assert hits.exact is False and mem.search("budget", query_vector=vecs[0], k=5, exact=True).exact
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        row = sql.MemoryRow.read(conn, "big")
+        conn.execute("SET LOCAL enable_sort = off")
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN " + sql.dense_sql(row, True),
+                {"q": str(vecs[0].tolist()), "m": row.id, "asked": T0 + timedelta(days=200), "depth": 300},
+            )
+        )
+    assert f"tider_hnsw_{row.id}" in plan, plan
+    for got, want in ((answers(mem, False), answers(shallow, False)), (answers(deep, False), answers(exact, True))):
+        assert np.mean([overlap(g, w) for (g, _), (w, _) in zip(got, want)]) >= 0.9
+
+
+def test_nothing_after_asked_at_and_bad_input(server):
+    msgs, vecs = records(600)
+    mem = TemporalMemory(server.database(), name="past", embedder=NoEmbedder())
+    with pytest.raises(MemoryInputError) as err:
+        mem.add([msgs[0], {"text": "x"}], vectors=vecs[:2])
+    assert err.value.field == "messages[1].timestamp" and len(mem) == 0
+    with pytest.raises(MemoryInputError, match="vectors"):
+        mem.add(msgs[:2], vectors=vecs[:3])
+    with pytest.raises(MemoryInputError, match="name"):
+        TemporalMemory(server.url(), embedder=NoEmbedder())
+    mem.add(msgs, vectors=vecs)
+    everything = WindowPrediction(True, (Window(T0, T0 + timedelta(days=400)),))
+    for text, asked, vec, _ in queries():
+        for windows in (NON_TEMPORAL, everything):
+            hits = mem.search(text, asked_at=asked, windows=windows, query_vector=vec, k=50)
+            assert hits.ids and all(m.timestamp <= asked for m in hits.messages)
+            assert [m.id for m in hits.messages] == hits.positions
+    assert mem.search("budget", asked_at=T0 - timedelta(days=1), query_vector=vecs[0]).ids == []
+    with pytest.raises(StoreError, match="built with embed_template"):
+        TemporalMemory(mem.url, name="past", config=RetrievalConfig(embed_template="{text}"), embedder=NoEmbedder())
+
+
+WRITER = textwrap.dedent("""
+    import os, sys, time, numpy as np
+    sys.path.insert(0, {tests!r})
+    from test_memory import NoEmbedder, records
+    from tider.memory import TemporalMemory
+    url, name, first, last, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    msgs, vecs = records(2000, seed=3)
+    mem = TemporalMemory(url, name=name, embedder=NoEmbedder())
+    picks = np.random.default_rng(seed).permutation(np.arange(first, last))
+    while not os.path.exists(sys.argv[6]):
+        time.sleep(0.01)
+    for batch in np.array_split(picks, 25):
+        mem.add([msgs[i] for i in batch], vectors=vecs[batch])
+    print("done", flush=True)
+""")
+
+
+def test_two_processes_adding_overlapping_batches(server, tmp_path):
+    """Two writers add 1500 messages each, 1000 of them the same, in 25 adds of random
+    times (so positions shift under each other): exactly the 2000 distinct keys remain,
+    positions, statistics and timeline as one writer would have left them."""
+    import psycopg
+
+    url, go = server.database(), tmp_path / "go"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER.format(tests=TESTS))
+    procs = [
+        subprocess.Popen([sys.executable, str(script), url, "shared", str(a), str(b), str(seed), str(go)], text=True)
+        for a, b, seed in ((0, 1500, 1), (500, 2000, 2))
+    ]
+    time.sleep(3)
+    go.touch()
+    assert [p.wait(timeout=600) for p in procs] == [0, 0]
+    mem = TemporalMemory(url, name="shared", embedder=NoEmbedder())
+    msgs, vecs = records(2000, seed=3)
+    assert len(mem) == 2000 and sorted(m.key for m in mem.messages()) == sorted(m["key"] for m in msgs)
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT pos, key FROM tider_messages ORDER BY ts, seq").fetchall()
+        assert [r[0] for r in rows] == list(range(2000))  # positions dense and in (time, seq) order
+        stored = dict(conn.execute("SELECT term, df FROM tider_terms").fetchall())
+        counted = dict(conn.execute("SELECT term, count(*) FROM tider_postings GROUP BY term").fetchall())
+        assert stored == counted
+        n, total = conn.execute("SELECT n_messages, total_length FROM tider_memories").fetchone()
+        assert (n, total) == (2000, conn.execute("SELECT sum(doc_length) FROM tider_messages").fetchone()[0])
+        by_seq = [int(r[0][1:]) for r in conn.execute("SELECT key FROM tider_messages ORDER BY seq").fetchall()]
+    one = TemporalMemory(None, embedder=NoEmbedder())  # the same adds, one writer, in the order they landed
+    one.add([msgs[i] for i in by_seq], vectors=vecs[by_seq])
+    assert [m.key for m in one.messages()] == [r[1] for r in rows]
+    assert one.timeline().starts == mem.timeline().starts
+    assert [ids for ids, _ in answers(one, True)] == [ids for ids, _ in answers(mem, True)]
+
+
+KILLED = textwrap.dedent("""
+    import sys, numpy as np
+    sys.path.insert(0, {tests!r})
+    from test_memory import NoEmbedder, records
+    from tider.memory import TemporalMemory
+    msgs, vecs = records(40 * 250, seed=7)
+    mem = TemporalMemory(sys.argv[1], name="killed", embedder=NoEmbedder())
+    for b in range(len(mem) // 250, 40):
+        mem.add(msgs[b * 250:(b + 1) * 250], vectors=vecs[b * 250:(b + 1) * 250])
+        print("added", b, flush=True)
+""")
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.1])
+def test_kill_9_of_a_writer_loses_no_acknowledged_add(server, tmp_path, delay):
+    """A writer adding 250-message batches is SIGKILLed mid-add, twice: every batch whose
+    add returned is there, no half batch, positions dense."""
+    import psycopg
+
+    url = server.database()
+    script = tmp_path / "child.py"
+    script.write_text(KILLED.format(tests=TESTS))
+    for round_ in range(2):
+        proc = subprocess.Popen(
+            [sys.executable, str(script), url], stdout=subprocess.PIPE, text=True, env={**os.environ}
+        )
+        returned = -1
+        for line in proc.stdout:
+            returned = int(line.split()[1])
+            if returned >= 2 + 3 * round_:
+                break
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        mem = TemporalMemory(url, name="killed", embedder=NoEmbedder())
+        n = len(mem)
+        assert n % 250 == 0 and n >= 250 * (returned + 1)
+        msgs, _ = records(n, seed=7)
+        assert sorted(m.key for m in mem.messages()) == sorted(m["key"] for m in msgs[:n])
+        with psycopg.connect(url) as conn:
+            assert [r[0] for r in conn.execute("SELECT pos FROM tider_messages ORDER BY ts, seq")] == list(range(n))
+        mem.close()
+
+
+def test_the_database_going_away_is_a_clear_bounded_error(tmp_path):
+    """The server stops as in a crash: searches and adds fail within the configured wait
+    with an error naming the server (not a hang, not a stack of driver errors); /health
+    says 503; once it is back everything acknowledged is there and searches work again."""
+    from fastapi.testclient import TestClient
+
+    from tider.memory.service import create_app
+
+    own = LocalServer(tmp_path / "data")
+    try:
+        url, pg = own.database(), PostgresConfig(connect_timeout_s=3)
+        msgs, vecs = records(400)
+        mem = TemporalMemory(url, name="fragile", embedder=NoEmbedder(), postgres=pg)
+        mem.add(msgs, vectors=vecs)
+        app = create_app(url, embedder=NoEmbedder(), api_key="k", postgres=pg)
+        with TestClient(app) as client:
+            assert client.get("/health").json() == {"status": "ok"}
+            own.crash()
+            t0 = time.monotonic()
+            with pytest.raises(DatabaseUnavailable, match="is not reachable .*waited up to 3 s"):
+                mem.search("budget", query_vector=vecs[0])
+            with pytest.raises(DatabaseUnavailable):
+                mem.add(records(401)[0][400:], vectors=records(401)[1][400:])
+            assert time.monotonic() - t0 < 30
+            down = client.get("/health")
+            assert down.status_code == 503 and down.json() == {"status": "unavailable"}
+            r = client.post("/memories/fragile/search", json={"text": "budget"}, headers={"Authorization": "Bearer k"})
+            assert r.status_code == 503 and "not reachable" in r.json()["detail"]
+            own.restart()  # the pool reconnects in the background, with backoff: a probe sees it come back
+            deadline = time.monotonic() + 60
+            while client.get("/health").status_code != 200:
+                assert time.monotonic() < deadline, "the service did not see the database come back"
+                time.sleep(0.5)
+        assert len(mem) == 400 and mem.search("budget", query_vector=vecs[0], k=5).ids
+        mem.close()
+    finally:
+        own.close()
+
+
+def test_store_collection_runs_sources_and_rewards_like_the_process(server):
+    """The harness's store (``MemoryCollection(store=URL)``): every window source predicts
+    the same, retrieval returns the same top 20 (but where pgvector's float32 sums and
+    numpy's give two dense scores in another order: near ties), the rewards score the
+    same; importing twice adds nothing."""
+    from tider.data.synth import generate
+    from tider.locator.sources import gold_predictions, make_source_from_context
+    from tider.memory import MemoryCollection
+    from tider.train.rewards import RewardContext
+
+    class HashEmbedder:  # deterministic vectors, same text -> same vector, in every run
+        def encode(self, texts):
+            seeds = [int(hashlib.sha1(t.encode()).hexdigest()[:8], 16) for t in texts]
+            out = [np.random.default_rng(seed).normal(size=DIM) for seed in seeds]
+            return np.array([v / np.linalg.norm(v) for v in out], dtype=np.float32).reshape(-1, DIM)
+
+    data = generate(300, seed=5, n_conversations=2)
+    url, emb = server.database(), HashEmbedder()
+    local = MemoryCollection(data.memories, embedder=emb)
+    stored = MemoryCollection(data.memories, embedder=emb, store=url)
+    again = MemoryCollection(data.memories, embedder=emb, store=url)
+    queries_ = [q for q in data.queries if q.gold.evidence_ids][:30]
+    context = {"gold_by_key": gold_predictions(queries_), "source_options": {}}
+    same = []
+    for name in ("none", "rules", "timeline", "dbscan-tuned", "top-day", "oracle"):
+        for q in queries_:
+            a = make_source_from_context(name, {**context, "store": local}).predict(q.public(), local)
+            b = make_source_from_context(name, {**context, "store": stored}).predict(q.public(), stored)
+            assert a == b, (name, q.key)
+            want, got = local.retrieve(q.public(), a, 20)[0].tolist(), again.retrieve(q.public(), b, 20)[0].tolist()
+            same.append(want == got)
+            assert overlap(want, got) >= 0.9, (name, q.key, want, got)
+    assert np.mean(same) >= 0.9
+    rewards = [RewardContext(dataset=data, store=s) for s in (local, stored)]
+    q = queries_[0]
+    assert rewards[0].coverage("t", q.key, NON_TEMPORAL, q.gold.evidence_ids) == rewards[1].coverage(
+        "t", q.key, NON_TEMPORAL, q.gold.evidence_ids
+    )
+
+
+def _serve(url: str, port: int) -> subprocess.Popen:
+    env = {**os.environ, "TIDER_API_KEY": "secret", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tider.cli", "memory", "serve", "--store", url, "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_two_services_share_one_memory(server):
+    """Two ``tider memory serve --store URL`` processes (replicas behind a load balancer):
+    an add through either is found through the other; /health answers a keyless probe and
+    says nothing but up; the list of memories needs the key."""
+    import httpx
+    from test_memory_service import MESSAGES
+
+    from tider.llm.vllm_server import free_port
+
+    url, auth = server.database(), {"Authorization": "Bearer secret"}
+    ports = [free_port(), free_port()]
+    procs = [_serve(url, p) for p in ports]
+    a, b = (f"http://127.0.0.1:{p}" for p in ports)
+    try:
+        deadline = time.monotonic() + 120
+        for base, proc in zip((a, b), procs):
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                        break
+                assert proc.poll() is None, proc.stderr.read()
+                assert time.monotonic() < deadline, "service did not come up"
+                time.sleep(0.3)
+        assert httpx.get(f"{b}/health").json() == {"status": "ok"}
+        assert httpx.get(f"{a}/memories").status_code == 401
+        r = httpx.post(f"{a}/memories/team/messages", json={"messages": MESSAGES[:3]}, headers=auth, timeout=120)
+        assert r.status_code == 200 and r.json() == {"ids": ["m1", "m2", "m3"]}
+        found = httpx.post(
+            f"{b}/memories/team/search", json={"text": "offsite", "k": 5}, headers=auth, timeout=120
+        ).json()
+        assert {h["id"] for h in found["hits"]} == {"m1", "m2", "m3"}
+        r = httpx.post(f"{b}/memories/team/messages", json={"messages": MESSAGES}, headers=auth, timeout=120)
+        assert r.status_code == 200 and r.json()["ids"] == ["m1", "m2", "m3", "m4"]  # three were there: no-ops
+        found = httpx.post(f"{a}/memories/team/search", json={"text": "Porto vote", "k": 1}, headers=auth, timeout=60)
+        assert [h["id"] for h in found.json()["hits"]] == ["m4"]
+        assert httpx.get(f"{b}/memories", headers=auth).json() == {"memories": ["team"]}
+        assert httpx.get(f"{a}/health", headers=auth).json() == {"status": "ok"}
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
