@@ -86,7 +86,7 @@ def test_answers_equal_the_embedded_store(server):
 
 def test_hnsw_path_is_used_and_agrees(server):
     """Forced HNSW (``hnsw_min_messages=0``): the planner walks the memory's index; its
-    top 10 overlaps the embedded store's at the same dense depth (``hnsw_depth``, 300 by
+    top 10 overlaps the embedded store's at the same dense depth (``hnsw_depth``, 200 by
     default, ``index_depth`` there) and, 1000 deep, the exact one, on 90% or more. (These
     messages draw 6 words from 14, so BM25 ties everywhere and deep dense ranks decide: the
     depth shows here as it does not on LoCoMo, tests/test_postgres_parity.py.)"""
@@ -97,7 +97,9 @@ def test_hnsw_path_is_used_and_agrees(server):
     msgs, vecs = records(3000)
     exact = TemporalMemory(None, embedder=NoEmbedder())
     exact.add(msgs, vectors=vecs)
-    shallow = TemporalMemory(None, config=RetrievalConfig(index_min_messages=0, index_depth=300), embedder=NoEmbedder())
+    depth = PostgresConfig().hnsw_depth
+    same_depth = RetrievalConfig(index_min_messages=0, index_depth=depth)
+    shallow = TemporalMemory(None, config=same_depth, embedder=NoEmbedder())
     shallow.add(msgs, vectors=vecs)
     url, forced = server.database(), RetrievalConfig(hnsw_min_messages=0)
     mem = TemporalMemory(url, name="big", config=forced, embedder=NoEmbedder())
@@ -112,7 +114,7 @@ def test_hnsw_path_is_used_and_agrees(server):
             r[0]
             for r in conn.execute(
                 "EXPLAIN " + sql.dense_sql(row, True),
-                {"q": str(vecs[0].tolist()), "m": row.id, "asked": T0 + timedelta(days=200), "depth": 300},
+                {"q": str(vecs[0].tolist()), "m": row.id, "asked": T0 + timedelta(days=200), "depth": depth},
             )
         )
     assert f"tider_hnsw_{row.id}" in plan, plan
@@ -369,3 +371,54 @@ def test_two_services_share_one_memory(server):
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("depth", [50, 400])
+def test_bm25_with_a_frequent_term_set_aside_is_exact(server, depth):
+    """Above ``index_min_messages`` the lexical list sets a frequent query term (a speaker's
+    name) aside: it must be the list of scoring every posting, to the bit (a reference in
+    double precision here), whether the other terms fill it (depth 50) or the set-aside
+    term's own postings must (depth 400)."""
+    from collections import Counter
+
+    from tider.memory.pg import lexical
+    from tider.memory.pg import rank as sql
+    from tider.retrieval.bm25 import expand_message, tokenize
+
+    rng = np.random.default_rng(5)
+    words = [f"w{i}" for i in range(400)]
+    p = 1 / np.arange(1, 401)
+    msgs = [
+        {
+            "key": f"k{i}",
+            "text": " ".join(rng.choice(words, size=int(rng.integers(3, 12)), p=p / p.sum())),
+            "timestamp": (T0 + timedelta(hours=i)).isoformat(),
+            "speaker": ["maria", "joanna"][i % 2],
+        }
+        for i in range(3000)
+    ]
+    vecs = rng.normal(size=(3000, DIM)).astype(np.float32)
+    mem = TemporalMemory(server.database(), name="names", embedder=NoEmbedder())
+    mem.add(msgs, vectors=vecs)
+    docs = [Counter(tokenize(expand_message(m))) for m in mem.messages()]
+    n, avgdl = len(docs), sum(max(sum(d.values()), 1) for d in docs) / len(docs)
+    for text in ("what did joanna say about w3 w40", "joanna w250 w311", "maria w1 w2 w7 joanna", "w5"):
+        cut, asked = 2000, T0 + timedelta(hours=1999)
+        with mem._read() as snap:
+            row = snap.row
+            assert sql.cut_at(snap.conn, row, asked) == cut
+            got = lexical.bm25_list(snap.conn, row.id, text, row.n, row.total_length, asked, cut, depth, 0)
+        q = Counter(tokenize(text))
+        df = {t: sum(t in d for d in docs) for t in q}
+        scores = []
+        for d in docs[:cut]:
+            parts = []
+            for t in q:
+                if d[t]:
+                    idf = float(np.float32(np.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))))
+                    tfc = d[t] / (d[t] + 1.5 * (0.25 + 0.75 * max(sum(d.values()), 1) / avgdl))
+                    parts.append(float(np.float32(idf * q[t] * tfc)))
+            scores.append(float(np.float32(sum(parts))) if parts else 0.0)
+        want = sorted((i for i in range(cut) if scores[i] > 0), key=lambda i: (-scores[i], i))[:depth]
+        assert got.pos.tolist() == want, text
+        assert np.array_equal(got.scores, np.array([scores[i] for i in want], dtype=np.float32)), text

@@ -34,6 +34,7 @@ class MemoryCollection:
         config: RetrievalConfig | None = None,
         embedder=None,
         store: str | os.PathLike | None = None,
+        postgres=None,
     ):
         from tider.retrieval.embed import Embedder
 
@@ -48,7 +49,7 @@ class MemoryCollection:
 
             if len({store_name(k) for k in self.memories}) != len(self.memories):
                 raise ValueError("memory keys collide as store names (tider.memory.importer.store_name)")
-            self._backend = open_backend(store)
+            self._backend = open_backend(store, postgres)  # postgres: a PostgresConfig for a URL
 
     @property
     def granularity(self) -> str:

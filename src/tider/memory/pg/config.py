@@ -25,11 +25,16 @@ class PostgresConfig:
     statement_timeout_s: float = 120.0  # a single statement; 0 = none (index builds run without)
     pool_min: int = 1
     pool_max: int = 8
-    # Dense candidates from the HNSW index (pgvector's hnsw.ef_search, at most 1000). The
-    # exact path returns min(index_depth, rrf_depth) like the embedded store; pgvector's
-    # graph walk at ef_search 1000 costs ~4x its walk at 300 (docs/benchmarks.md), and on
-    # LoCoMo dev a dense list of 300 instead of 1000 moved recall@20 by < 0.002.
-    hnsw_depth: int = 300
+    # Dense candidates from the HNSW index (the walk's hnsw.ef_search, at most 1000, is this
+    # scaled by how much of the memory the query may see). The exact path returns
+    # rrf_depth (1000) like the embedded store. pgvector's walk costs about 0.06 ms per
+    # candidate at 100k messages here (faiss: 0.01), so 1000 would cost ~60 ms a search; on
+    # LoCoMo dev a dense list of 200 instead of 1000 left recall@20 unchanged (150: rules
+    # -0.004, 100: -0.016; docs/benchmarks.md).
+    hnsw_depth: int = 200
+    # pgvector's defaults for the graph (16 links, not faiss's 32): at 100k messages an
+    # insert and a search cost about half (docs/benchmarks.md).
+    hnsw_m: int = 16
     hnsw_ef_construction: int = 64
     maintenance_work_mem: str = "512MB"  # for HNSW builds: a graph that does not fit builds far slower
     lexical: str = "bm25"  # bm25 (BM25 in SQL) | ts_rank (Postgres's own ranking, for comparison)

@@ -86,6 +86,7 @@ class PostgresMemory(TemporalMemory):
         self._local = threading.local()
         self._view = MemoryView(name, self._granularity)
         self._released = False
+        self._hnsw_ready = False
 
     def _settle_config(self, config: RetrievalConfig | None, stored: dict | None) -> RetrievalConfig:
         """The memory's config: the one it was built with; a different index setting is refused."""
@@ -190,10 +191,17 @@ class PostgresMemory(TemporalMemory):
             return sql.cut_at(snap.conn, snap.row, self._asked(asked_at)) if snap.row else 0
 
     def _use_hnsw(self, snap: Snapshot, exact: bool | None, cut: int) -> bool:
-        """The HNSW path: not asked to be exact, enough visible messages, the index built."""
-        if exact or cut < self.config.hnsw_min_messages or snap.row.dim is None:
+        """The HNSW path: not asked to be exact, a memory of ``hnsw_min_messages`` or more
+        with its index built, and a past large enough that a walk of at most 1000 (pgvector's
+        limit) finds ``hnsw_depth`` of it; a smaller past is scanned exactly."""
+        row = snap.row
+        if exact or row.n < self.config.hnsw_min_messages or row.dim is None:
             return False
-        return bool(hnsw_state(snap.conn, snap.row.id))
+        if self.pg.hnsw_depth * row.n > 1000 * cut:
+            return False
+        if not self._hnsw_ready:  # an index, once valid, stays: ask the catalog until then
+            self._hnsw_ready = bool(hnsw_state(snap.conn, row.id))
+        return self._hnsw_ready
 
     def _candidates(self, snap: Snapshot, query: Query, query_vector, hnsw: bool, mode: str, cut: int):
         vec_key = None if query_vector is None else np.asarray(query_vector, dtype=np.float32).tobytes()
@@ -280,14 +288,8 @@ class PostgresMemory(TemporalMemory):
             commit_add(conn, memory_id, fresh, self.config, embedding)
             n = conn.execute("SELECT n_messages FROM tider_memories WHERE id = %s", (memory_id,)).fetchone()[0]
             if n >= self.config.hnsw_min_messages:
-                ensure_hnsw(
-                    conn,
-                    memory_id,
-                    vecs.shape[1],
-                    self.config,
-                    self.pg.maintenance_work_mem,
-                    self.pg.hnsw_ef_construction,
-                )
+                pg = self.pg
+                ensure_hnsw(conn, memory_id, vecs.shape[1], pg.hnsw_m, pg.hnsw_ef_construction, pg.maintenance_work_mem)
         return keys
 
     def _embed(self, messages: Sequence[Message]) -> np.ndarray:

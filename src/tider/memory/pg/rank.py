@@ -7,8 +7,7 @@ Per query, in one read-only snapshot:
 - the dense list: pgvector's inner product on unit vectors (= cosine), best first among
   the past: an exact scan of the memory's rows, ``rrf_depth`` deep, or, from
   ``hnsw_min_messages`` visible messages on and with its index built, the memory's HNSW
-  index, ``PostgresConfig.hnsw_depth`` deep (iterative scan, so the past filter cannot
-  starve the list);
+  index, about ``PostgresConfig.hnsw_depth`` deep;
 - the lexical list: BM25 in SQL (``tider.memory.pg.lexical``), ``rrf_depth`` deep; when
   fewer messages match, it goes on with the earliest non-matching past positions at score
   0, as the embedded store's rank of a score vector does;
@@ -82,12 +81,15 @@ def dense_sql(row: MemoryRow, hnsw: bool) -> str:
     )
 
 
-def dense_list(conn, row: MemoryRow, vector: np.ndarray, asked: datetime, depth: int, hnsw: bool):
-    """``(positions, cosines)`` of the ``depth`` best past messages (exact, or the HNSW walk)."""
+def dense_list(conn, row: MemoryRow, vector: np.ndarray, asked: datetime, depth: int, hnsw: bool, cut: int = 0):
+    """``(positions, cosines)`` of the ``depth`` best past messages (exact, or the HNSW
+    walk). The walk gathers ``depth`` candidates scaled by the share of the memory the
+    query may see, so the past filter leaves about ``depth`` (a second walk, pgvector's
+    iterative scan, would cost as much again); the list is re-sorted by score anyway."""
     params = {"q": np.ascontiguousarray(vector, dtype=np.float32), "m": row.id, "asked": asked, "depth": depth}
     if hnsw:
-        conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(depth),))
-        conn.execute("SET LOCAL hnsw.iterative_scan = strict_order")
+        ef = min(1000, int(np.ceil(depth * row.n / max(cut, 1))))
+        conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef),))
         conn.execute("SET LOCAL enable_sort = off")  # the graph's own order, never a scan and sort
         rows = conn.execute(dense_sql(row, True), params).fetchall()
         conn.execute("SET LOCAL enable_sort = on")
@@ -104,7 +106,7 @@ def lexical_top(conn, row: MemoryRow, text: str, asked: datetime, cut: int, conf
     if pg.lexical == "ts_rank":
         found = ts_rank_list(conn, row.id, text, config.metadata_fields, asked, depth)
     else:
-        found = bm25_list(conn, row.id, text, row.n, row.total_length, asked, depth)
+        found = bm25_list(conn, row.id, text, row.n, row.total_length, asked, cut, depth, config.index_min_messages)
     if not len(found.pos):
         return None, None
     pos, scores = found.pos, found.scores
@@ -120,7 +122,7 @@ def candidates(conn, row, text, vector, mode, cut, asked, hnsw, config: Retrieva
     dense_pos = dense_scores = bm25_pos = bm25_scores = None
     if mode in ("dense", "hybrid"):
         depth = min(config.index_depth, config.rrf_depth, pg.hnsw_depth) if hnsw else config.rrf_depth
-        dense_pos, dense_scores = dense_list(conn, row, vector, asked, depth, hnsw)
+        dense_pos, dense_scores = dense_list(conn, row, vector, asked, depth, hnsw, cut)
     if mode in ("bm25", "hybrid"):
         bm25_pos, bm25_scores = lexical_top(conn, row, text, asked, cut, config, pg)
     return indexed.fuse_lists(dense_pos, dense_scores, bm25_pos, bm25_scores, mode, config, cut)

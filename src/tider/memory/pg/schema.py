@@ -14,8 +14,8 @@ Tables (one row per memory / message / posting / term / timeline cluster):
 - ``tider_messages``: the message, its vector (pgvector), ``seq`` (insertion order, a
   bigserial) and ``pos``, its position in (timestamp, seq) order, kept dense (0 .. n-1) by
   the adds; a window is a ``ts`` range on the ``(memory_id, ts, seq)`` index;
-- ``tider_postings`` / ``tider_terms``: the BM25 inverted index (term frequency and
-  document length per posting, document frequency per term);
+- ``tider_postings`` / ``tider_terms``: the BM25 inverted index (term frequency, document
+  length and the message's position per posting, document frequency per term);
 - ``tider_timeline``: the event clusters (first position and centroid of each);
 - ``tider_sum_float4``: an aggregate adding float32 in order, for BM25 sums.
 
@@ -71,10 +71,13 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 memory_id bigint NOT NULL REFERENCES tider_memories (id) ON DELETE CASCADE,
                 term text NOT NULL,
                 seq bigint NOT NULL,
+                pos bigint NOT NULL,
                 ts timestamp NOT NULL,
                 tf integer NOT NULL,
                 doc_length integer NOT NULL,
-                PRIMARY KEY (memory_id, term, seq) INCLUDE (ts, tf, doc_length))""",
+                PRIMARY KEY (memory_id, term, seq) INCLUDE (pos, ts, tf, doc_length))""",
+            # a frequent term's postings by shape, then position (tider.memory.pg.lexical._fill)
+            "CREATE INDEX tider_postings_shape ON tider_postings (memory_id, term, tf, doc_length, pos)",
             """CREATE TABLE tider_terms (
                 memory_id bigint NOT NULL REFERENCES tider_memories (id) ON DELETE CASCADE,
                 term text NOT NULL,

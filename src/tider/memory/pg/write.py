@@ -103,10 +103,11 @@ def commit_add(conn, memory_id: int, fresh: Fresh, config: RetrievalConfig, embe
         oldest = min(m.timestamp for m in fresh.messages)
         in_order = max_ts is None or oldest >= max_ts
         first_changed = n if in_order else _first_after(conn, memory_id, oldest)
-        seqs = _insert_messages(conn, memory_id, fresh, n if in_order else None)
+        placed = _insert_messages(conn, memory_id, fresh, n if in_order else None)
+        _insert_postings(conn, memory_id, fresh, placed)
         if not in_order:
             _renumber(conn, memory_id, first_changed, oldest)
-        _insert_postings(conn, memory_id, fresh, seqs)
+        seqs = {key: seq for key, (seq, _) in placed.items()}
         lengths = fresh.doc_lengths()
         conn.execute(
             "UPDATE tider_memories SET n_messages = n_messages + %s, total_length = total_length + %s, "
@@ -134,7 +135,7 @@ def _first_after(conn, memory_id: int, ts: datetime) -> int:
 
 def _insert_messages(conn, memory_id: int, fresh: Fresh, append_at: int | None) -> dict[str, int]:
     """Insert in input order (so ``seq`` follows it); positions appended after ``append_at``
-    messages, or -1 for ``_renumber`` to set. Returns ``{key: seq}``."""
+    messages, or -1 for ``_renumber`` to set. Returns ``{key: (seq, position)}``."""
     msgs = fresh.messages
     pos = [-1] * len(msgs)
     if append_at is not None:
@@ -155,36 +156,44 @@ def _insert_messages(conn, memory_id: int, fresh: Fresh, append_at: int | None) 
             )
     rows = conn.execute(
         f"INSERT INTO tider_messages (memory_id, pos, {columns}) SELECT %s, pos, {columns} FROM tider_staging "
-        "ORDER BY ord ON CONFLICT (memory_id, key) DO NOTHING RETURNING key, seq",
+        "ORDER BY ord ON CONFLICT (memory_id, key) DO NOTHING RETURNING key, seq, pos",
         (memory_id,),
     ).fetchall()
     if len(rows) != len(msgs):  # the row lock makes this impossible; refuse rather than leave a gap
         raise StoreError(f"memory {memory_id}: {len(msgs) - len(rows)} keys appeared during the add; retry it")
-    return dict(rows)
+    return {key: (seq, p) for key, seq, p in rows}
 
 
 def _renumber(conn, memory_id: int, first_changed: int, oldest: datetime) -> None:
     """Positions from ``first_changed`` on: the stored messages later than ``oldest`` and
-    the new ones (-1), in (timestamp, seq) order."""
+    the new ones (-1), in (timestamp, seq) order; then their postings' copies."""
     conn.execute(
         "UPDATE tider_messages m SET pos = r.p FROM (SELECT seq, %s + row_number() OVER (ORDER BY ts, seq) - 1 AS p "
         "FROM tider_messages WHERE memory_id = %s AND (ts > %s OR pos < 0)) r "
         "WHERE m.memory_id = %s AND m.seq = r.seq AND m.pos <> r.p",
         (first_changed, memory_id, oldest, memory_id),
     )
+    conn.execute(
+        "UPDATE tider_postings p SET pos = m.pos FROM tider_messages m WHERE p.memory_id = %s AND m.memory_id = %s "
+        "AND m.pos >= %s AND p.seq = m.seq AND p.pos <> m.pos",
+        (memory_id, memory_id, first_changed),
+    )
 
 
-def _insert_postings(conn, memory_id: int, fresh: Fresh, seqs: dict[str, int]) -> None:
+def _insert_postings(conn, memory_id: int, fresh: Fresh, placed: dict[str, tuple[int, int]]) -> None:
+    """Postings carry their message's position (kept in step by ``_renumber``), so the
+    lexical list needs no lookup per message; and document frequencies."""
     df: Counter = Counter()
     with conn.cursor().copy(
-        "COPY tider_postings (memory_id, term, seq, ts, tf, doc_length) FROM STDIN (FORMAT BINARY)"
+        "COPY tider_postings (memory_id, term, seq, pos, ts, tf, doc_length) FROM STDIN (FORMAT BINARY)"
     ) as copy:
-        copy.set_types(["int8", "text", "int8", "timestamp", "int4", "int4"])
+        copy.set_types(["int8", "text", "int8", "int8", "timestamp", "int4", "int4"])
         for m, terms, length in zip(fresh.messages, fresh.terms, fresh.doc_lengths()):
             counts = Counter(terms)
             df.update(counts.keys())
+            seq, pos = placed[m.key]
             for term, tf in counts.items():
-                copy.write_row((memory_id, term, seqs[m.key], m.timestamp, tf, length))
+                copy.write_row((memory_id, term, seq, pos, m.timestamp, tf, length))
     if df:
         terms = sorted(df)
         conn.execute(
@@ -240,7 +249,7 @@ def hnsw_state(conn, memory_id: int) -> bool | None:
     return None if row is None else bool(row[0])
 
 
-def ensure_hnsw(conn, memory_id: int, dim: int, config: RetrievalConfig, maintenance_work_mem: str, ef: int) -> bool:
+def ensure_hnsw(conn, memory_id: int, dim: int, m: int, ef: int, maintenance_work_mem: str) -> bool:
     """Build the memory's HNSW index (a partial expression index over its rows) unless it
     exists or another process is building it. ``CREATE INDEX CONCURRENTLY``: adds and
     searches go on meanwhile. Returns whether it was built here."""
@@ -259,7 +268,7 @@ def ensure_hnsw(conn, memory_id: int, dim: int, config: RetrievalConfig, mainten
         conn.execute("SET statement_timeout = 0")
         conn.execute(
             f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON tider_messages USING hnsw "
-            f"((embedding::vector({int(dim)})) vector_ip_ops) WITH (m = {int(config.hnsw_m)}, "
+            f"((embedding::vector({int(dim)})) vector_ip_ops) WITH (m = {int(m)}, "
             f"ef_construction = {int(ef)}) WHERE memory_id = {int(memory_id)}"
         )
         return True
