@@ -422,3 +422,17 @@ def test_bm25_with_a_frequent_term_set_aside_is_exact(server, depth):
         want = sorted((i for i in range(cut) if scores[i] > 0), key=lambda i: (-scores[i], i))[:depth]
         assert got.pos.tolist() == want, text
         assert np.array_equal(got.scores, np.array([scores[i] for i in want], dtype=np.float32)), text
+
+
+def test_a_query_sharing_no_term_ranks_by_the_dense_channel(server):
+    """No past message shares a term with the query: the lexical list is empty and the
+    fusion runs on the dense list alone, on the index path and in the database alike."""
+    msgs, vecs = records(1500)
+    exact = TemporalMemory(None, embedder=NoEmbedder())
+    index = TemporalMemory(None, config=RetrievalConfig(index_min_messages=0, index_depth=200), embedder=NoEmbedder())
+    mem = TemporalMemory(server.database(), name="noterm", embedder=NoEmbedder())
+    for m in (exact, index, mem):
+        m.add(msgs, vectors=vecs)
+    want = exact.search("zzz qqq", query_vector=vecs[3], k=10)
+    assert want.ids and want.ids == index.search("zzz qqq", query_vector=vecs[3], k=10, exact=False).ids
+    assert mem.search("zzz qqq", query_vector=vecs[3], k=10).ids == want.ids

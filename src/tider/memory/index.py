@@ -88,7 +88,7 @@ def fuse_lists(
         ids = bm25_ids if lexical else empty
         sim = (bm25_top / float(bm25_top.max())).astype(np.float32) if lexical else np.zeros(0, np.float32)
     elif mode == "hybrid":
-        ids = np.union1d(dense_ids, bm25_ids) if lexical else dense_ids
+        ids = np.union1d(dense_ids, bm25_ids if lexical else empty)  # sorted, for searchsorted
         d_rank = np.full(len(ids), np.inf)
         d_rank[np.searchsorted(ids, dense_ids)] = np.arange(1, len(dense_ids) + 1)
         b_rank = None
