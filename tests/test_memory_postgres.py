@@ -436,3 +436,28 @@ def test_a_query_sharing_no_term_ranks_by_the_dense_channel(server):
     want = exact.search("zzz qqq", query_vector=vecs[3], k=10)
     assert want.ids and want.ids == index.search("zzz qqq", query_vector=vecs[3], k=10, exact=False).ids
     assert mem.search("zzz qqq", query_vector=vecs[3], k=10).ids == want.ids
+
+
+def test_memory_import_into_a_database_then_search(server, tmp_path):
+    """``tider memory import --out URL``: one memory per conversation in the database; a
+    second run adds nothing (keys are unique per memory); the memories open by name."""
+    from tider.cli import main
+    from tider.data.synth import generate, write
+    from tider.memory.backends import open_backend
+
+    write(generate(240, seed=5, n_conversations=2), str(tmp_path / "data"))
+    url = server.database()
+    args = ["memory", "import", "--dataset", "synthetic", "--path", str(tmp_path / "data"), "--out", url]
+    assert main(args) == 0
+    assert main(args) == 0  # resumable: re-adding a key is a no-op
+    backend = open_backend(url)
+    try:
+        names = backend.names()
+        assert len(names) == 2
+        for name in names:
+            with backend.open(name) as mem:
+                assert len(mem) == 120  # 240 messages over two conversations, none twice
+        with backend.open(names[0]) as mem:
+            assert mem.search("status update", k=3).ids
+    finally:
+        backend.close()
