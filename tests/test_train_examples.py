@@ -41,7 +41,6 @@ def test_a_fixed_split_names_its_held_out_memories():
 def small():
     from tider.data.synth import generate
     from tider.memory import MemoryCollection
-
     from tider.retrieval.config import RetrievalConfig
 
     ds = generate(400, seed=5, n_conversations=4)

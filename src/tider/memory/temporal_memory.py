@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,9 @@ from tider.memory.store_state import MemoryState
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.retriever import dual_channel_rank, exact_similarity
 from tider.types import NON_TEMPORAL, Memory, Message, Query, WindowPrediction
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 @dataclass
@@ -198,7 +201,7 @@ class TemporalMemory:
         with self._lock.writing():
             self.state.close()
 
-    def __enter__(self) -> TemporalMemory:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -89,7 +89,8 @@ def with_train_conversations(dataset: Dataset, n: int, seed: int) -> Dataset:
     extra = generate(per_conversation * n, seed=seed, n_conversations=n, key_prefix=f"synth-t{seed}")
     if dataset.granularity != extra.granularity:
         raise ValueError(
-            f"train-only synthetic conversations are {extra.granularity!r}-grained, {dataset.name!r} is {dataset.granularity!r}"
+            f"train-only synthetic conversations are {extra.granularity!r}-grained, "
+            f"{dataset.name!r} is {dataset.granularity!r}"
         )
     stats = {**dataset.stats, TRAIN_ONLY: sorted(extra.memories)}
     return Dataset(
