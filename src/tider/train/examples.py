@@ -166,10 +166,10 @@ class PromptBuilder:
         return locator_input(public, self.store, cues, self.settings, query_vector=vector, tokenizer=self.tokenizer)
 
     def target(self, query: Query, table) -> dict:
-        """The gold windows as references (``gold_answer``), if they retrieve more of the
-        evidence than no window does; else "no window". A window that adds nothing only
-        risks the top k (a wrong one costs evidence), so the locator learns to commit where
-        a window pays, which is also what the ``evidence_gain`` reward pays for."""
+        """The gold windows as references (``gold_answer``), unless they would retrieve less
+        of the evidence than no window does (then "no window"). Where the gold windows add
+        nothing, pointing at them is still right and costs nothing; the locator learns to
+        abstain where it cannot point at the evidence or where pointing at it hurts."""
         answer = gold_answer(query, table, self.dataset.granularity)
         if not answer["temporal"] or not query.gold.evidence_ids:
             return answer
@@ -177,7 +177,7 @@ class PromptBuilder:
         k = self.store.config.k
         public = query.public()
         base, got = (self.store.retrieve(public, p, k)[0] for p in (NON_TEMPORAL, parsed.prediction))
-        return answer if evidence_gain(got, base, query.gold.evidence_ids, k) > 0 else ABSTAIN
+        return answer if evidence_gain(got, base, query.gold.evidence_ids, k) >= 0 else ABSTAIN
 
     def messages(self, query: Query) -> list[dict]:
         return self.build(query).messages

@@ -134,6 +134,7 @@ def ensure_tiny_model(script_args, model_path: str, dataset: Dataset, builder: P
         num_kv_heads=max(1, script_args.tiny_num_heads // 2),
         intermediate_size=2 * script_args.tiny_hidden_size,
         structured_date_init=script_args.tiny_structured_date_init and bool(dates),
+        lexical_init=script_args.tiny_lexical_init,
     )
 
 
