@@ -236,10 +236,13 @@ def grpo_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]
     return records
 
 
-def corpus_texts(dataset: Dataset, records: Sequence[dict] | None = None) -> list[str]:
-    """Tokenizer corpus for a tiny model: message texts, plus rendered prompts and completions."""
-    texts = [m.text for memory in dataset.memories.values() for m in memory]
-    texts += [q.text for q in dataset.queries]
+def corpus_texts(dataset: Dataset, queries: Sequence[Query], records: Sequence[dict] | None = None) -> list[str]:
+    """Tokenizer corpus for a tiny model: the messages of the memories ``queries`` ask about
+    (the train split's: a vocabulary is made from training data only), their texts, and the
+    rendered prompts and completions."""
+    keys = {q.memory_key for q in queries}
+    texts = [m.text for key, memory in dataset.memories.items() if key in keys for m in memory]
+    texts += [q.text for q in queries]
     for r in records or ():
         texts += [m["content"] for m in r["prompt"]]
         texts += [m["content"] for m in r.get("completion", [])]
