@@ -123,24 +123,22 @@ class NoEmbedder:
 
 
 def exact_scores(mem, text: str, asked_at, prediction, vector) -> np.ndarray:
-    """The exact path's final score of every message the query may see."""
+    """The exact path's final score of every message the query may see (rank fusion,
+    ``tider.retrieval.retriever``)."""
     from tider.retrieval import channels
-    from tider.retrieval.rerank import rerank_scores
 
     query = mem.query(text, asked_at)
     cut = mem.cut(query.asked_at)
     sim = mem.semantic_part(query, vector, True, mem.config.semantic, cut).sim
     if not (prediction.temporal and prediction.windows):
         return sim
-    c = mem.config
-    return rerank_scores(
-        sim,
-        mem.state.ts_days()[:cut],
-        channels.window_days(prediction.windows),
-        c.lambda_boost,
-        c.gamma_min,
-        c.rho_per_day,
+    semantic = channels.ranks_of(sim, mem.config.rrf_depth)
+    inside = channels.ids_in_ranges(
+        channels.id_ranges(mem.state.ts_days()[:cut], channels.window_days(prediction.windows))
     )
+    window = np.full(cut, np.inf)
+    window[inside[np.lexsort((inside, -sim[inside]))]] = np.arange(1, len(inside) + 1)
+    return channels.rrf_similarity(semantic, window, mem.config.rrf_k)
 
 
 def compare(a, b, scores: np.ndarray) -> tuple[bool, bool, bool]:

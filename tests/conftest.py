@@ -70,8 +70,10 @@ DECIDED_ON = "2023-03-15"  # the day every question of the fixed-window data poi
 def write_fixed_window_data(out):
     """A crowded JSONL benchmark whose every question has its evidence on one day: five
     topics, each reported in the same words every second day of 150, in three memories;
-    only the report of 2023-03-15 is the evidence. Semantically the reports tie, so the
-    semantic channel's top 20 holds earlier ones; a window on that day finds the evidence."""
+    only the report of 2023-03-15 is the evidence, and every question names that date (a
+    cue that resolves to the day, so every training target is the same answer: cue 1).
+    Semantically the reports tie, so the semantic channel's top 20 holds earlier ones; a
+    window on that day finds the evidence."""
     import json
     from datetime import datetime, timedelta
     from pathlib import Path
@@ -108,7 +110,8 @@ def write_fixed_window_data(out):
                     "speaker": "ann",
                 }
             )
-            for r, phrase in enumerate(("What did we decide about {t} in mid March?", "When did we settle {t}?")):
+            phrases = ("What did we decide about {t} on March 15, 2023?", "What was settled on {t} on 15 March 2023?")
+            for r, phrase in enumerate(phrases):
                 queries.append(
                     {
                         "key": f"{memory}-q{j}-{r}",
@@ -188,3 +191,98 @@ def fixed_window_locator(tmp_path_factory):
     ]
     assert main(args) == 0
     return data, work / "sft"
+
+
+REAL_SPLIT_LOCOMO = ("conv-26", "conv-30", "conv-41", "conv-43")  # train, validation, test, test
+REAL_SPLIT_REALMEM = ("Lin_Wanyu", "Adeleke_Okonjo", "Ethan_Hunt", "Kenta_Tanaka", "Liam_O_Connor")
+
+
+def write_real_like(out):
+    """Small LoCoMo- and RealMem-format data carrying the names the real-data recipes' fixed
+    split lists (configs/sft/tiny-real.yaml), so those recipes run as written at test size:
+    ``(locomo file, realmem folder)``. Made-up text; the formats are the real ones."""
+    import json
+    from pathlib import Path
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    topics = ["a choir", "a pottery class", "the marathon", "a new puppy", "the book club", "a road trip"]
+    conversations = []
+    for c, sample in enumerate(REAL_SPLIT_LOCOMO):
+        conv, qa = {"speaker_a": "Ann", "speaker_b": "Bo"}, []
+        for s in range(1, 7):
+            topic = topics[(s + c) % len(topics)]
+            conv[f"session_{s}_date_time"] = f"1:00 pm on {s * 3} May, 2023"
+            conv[f"session_{s}"] = [
+                {"speaker": "Ann", "dia_id": f"D{s}:1", "text": f"I started {topic} this week."},
+                {"speaker": "Bo", "dia_id": f"D{s}:2", "text": f"Nice, how is {topic} going?"},
+                {"speaker": "Ann", "dia_id": f"D{s}:3", "text": "Busy, but fun. Work is fine too."},
+            ]
+            qa.append(
+                {
+                    "question": f"When did Ann start {topic}?",
+                    "answer": f"{s * 3} May 2023",
+                    "evidence": [f"D{s}:1"],
+                    "category": 2,
+                }
+            )
+        conversations.append({"sample_id": sample, "conversation": conv, "qa": qa})
+    locomo = out / "locomo.json"
+    locomo.write_text(json.dumps(conversations))
+    folder = out / "realmem"
+    folder.mkdir(exist_ok=True)
+    for p, name in enumerate(REAL_SPLIT_REALMEM):
+        sessions = []
+        for s in range(6):
+            uuid, topic = f"{name[:3]}{s}", topics[(s + p) % len(topics)]
+            turns = [
+                {"speaker": "User", "is_query": False, "content": f"Plan {topic} with me.", "query_id": None},
+                {
+                    "speaker": "Assistant",
+                    "is_query": False,
+                    "content": f"Here is a plan for {topic}.",
+                    "query_id": None,
+                },
+            ]
+            if s:
+                prev = f"{name[:3]}{s - 1}"
+                turns += [
+                    {
+                        "speaker": "User",
+                        "is_query": True,
+                        "content": f"What was the plan from before? ({s})",
+                        "query_id": f"Q-{s}",
+                        "category_name": "Dynamic Incremental",
+                    },
+                    {
+                        "speaker": "Assistant",
+                        "is_query": False,
+                        "content": "The plan was ...",
+                        "query_id": None,
+                        "memory_used": [{"session_uuid": prev, "content": f"plan {s - 1}"}],
+                        "memory_session_uuids": [prev],
+                    },
+                ]
+            memory = [
+                {
+                    "index": f"{uuid}-1",
+                    "type": "Dynamic",
+                    "content": f"plan {s}",
+                    "source_turn": 2,
+                    "source_content_snapshot": f"Here is a plan for {topic}.",
+                    "session_uuid": uuid,
+                }
+            ]
+            sessions.append(
+                {
+                    "session_identifier": f"Plan:S{s}",
+                    "session_uuid": uuid,
+                    "current_time": f"2026-01-{s * 4 + 1:02d} (Monday)",
+                    "dialogue_turns": turns,
+                    "extracted_memory": memory,
+                }
+            )
+        (folder / f"{name}_dialogues_256k.json").write_text(
+            json.dumps({"_metadata": {"person_name": name}, "dialogues": sessions})
+        )
+    return locomo, folder

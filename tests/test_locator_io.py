@@ -180,7 +180,7 @@ def test_mark_answers_resolve_to_the_marked_line():
     assert bad.failure is ParseFailure.BAD_REFERENCE and "A+7" in bad.detail
     # the gold answer names a line by its first mark
     q = _query(temporal=True, windows=(table.lines[k - 1],), evidence_ids=(1,))
-    first = [m for m, j in table.marks if j == k][0]
+    first = next(m for m, j in table.marks if j == k)
     assert gold_answer(q, table, "day")["windows"] == [{"mark": first}]
     # a gold window no line or cue touches cannot be pointed at: no window
     far = _query(temporal=True, windows=(Window(datetime(2022, 1, 1), datetime(2022, 1, 1)),), evidence_ids=(1,))
@@ -208,7 +208,10 @@ SPAN = Window(datetime(2023, 1, 1), datetime(2023, 12, 31, 18))
 
 
 def test_parse_ok_with_think_block_prose_and_day_end():
-    text = 'Let me see.<think>dates {"no": 1}</think> Sure: ```json\n{"temporal": true, "windows": [{"start": "2023-05-03", "end": "2023-05-04"}, {"start": "2023-01-01", "end": "2023-01-01"}]}\n```'
+    text = (
+        'Let me see.<think>dates {"no": 1}</think> Sure: ```json\n{"temporal": true, "windows": '
+        '[{"start": "2023-05-03", "end": "2023-05-04"}, {"start": "2023-01-01", "end": "2023-01-01"}]}\n```'
+    )
     r = parse_prediction(text, granularity="day", memory_span=SPAN)
     assert r.ok and r.failure is None
     assert r.prediction.windows == (

@@ -47,6 +47,7 @@ def tider(stage: str, recipe: str, *overrides: str, timeout: int = 900) -> subpr
     }
     run = subprocess.run(
         [sys.executable, "-m", "tider.cli", stage, "--config", str(ROOT / recipe), *overrides],
+        check=False,
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -71,6 +72,8 @@ def test_every_recipe_has_a_test():
         "configs/sft/tiny-pretrain.yaml",
         "configs/sft/tiny-pretrain-answer.yaml",
         "configs/grpo/tiny-cpu.yaml",
+        "configs/sft/tiny-real.yaml",
+        "configs/grpo/tiny-real.yaml",
         "configs/sft/qwen3-1.7b.yaml",
         "configs/grpo/qwen3-1.7b.yaml",
         "configs/grpo/qwen3-1.7b-multinode.yaml",
@@ -97,7 +100,16 @@ def data_args(data_dir: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tiny_pretrain(work):
+def real_like(tmp_path_factory):
+    """LoCoMo- and RealMem-format files with the names the fixed split of the real-data
+    recipes lists (the real dev copies are not in the repository)."""
+    from conftest import write_real_like
+
+    return write_real_like(tmp_path_factory.mktemp("real-like"))
+
+
+@pytest.fixture(scope="module")
+def tiny_pretrain(work, real_like):
     """configs/sft/tiny-pretrain.yaml as written (its own training-only seeds, generated data)
     but at test size: fewer messages and train-only conversations, 2 steps. It builds the
     tiny Qwen3 the other recipes start from (as models/tiny-locator-v2 was built)."""
@@ -119,6 +131,8 @@ def tiny_pretrain(work):
         "3",
         "--synthetic_train_conversations",
         "1",
+        "--dataset_path",
+        f",{real_like[1]}",  # the synthetic part is generated; RealMem's path is the recipe's data/realmem
         *TINY,
         *COMMON,
     )
@@ -132,11 +146,12 @@ def test_sft_tiny_pretrain(tiny_pretrain, work):
     recipe = yaml.safe_load((ROOT / "configs/sft/tiny-pretrain.yaml").read_text())
     assert recipe["dataset_seed"] >= 1000 and recipe["synthetic_train_seed"] >= 1000  # disjoint from evaluations
     meta = LocatorMetadata.read(tiny_pretrain)
-    assert meta.prompt_settings["lines"]["max_lines"] == recipe["prompt_lines"] and meta.dataset_name == "synthetic"
+    assert meta.prompt_settings["lines"]["max_lines"] == recipe["prompt_lines"]
+    assert meta.dataset_name == "synthetic+realmem" and meta.test_memories == recipe["test_memories"]
 
 
 @pytest.fixture(scope="module")
-def tiny_pretrain_answer(tiny_pretrain, work):
+def tiny_pretrain_answer(tiny_pretrain, work, real_like):
     """configs/sft/tiny-pretrain-answer.yaml (the start's answer-only phase) from the above,
     with the same test-size data, 2 steps."""
     out = work / "tiny-pretrain-answer"
@@ -155,6 +170,8 @@ def tiny_pretrain_answer(tiny_pretrain, work):
         "3",
         "--synthetic_train_conversations",
         "1",
+        "--dataset_path",
+        f",{real_like[1]}",
         *COMMON,
     )
     return out
@@ -169,13 +186,12 @@ def test_sft_tiny_pretrain_answer(tiny_pretrain_answer, tiny_pretrain):
     first, second = LocatorMetadata.read(tiny_pretrain), LocatorMetadata.read(tiny_pretrain_answer)
     # the same data and prompt as the first phase: one start, two phases
     assert second.training_data_hash == first.training_data_hash and second.prompt_settings == first.prompt_settings
-    assert second.prompt_settings["marks"] is True
 
 
 @pytest.fixture(scope="module")
 def tiny_sft(tiny_pretrain_answer, work, data_dir):
     """configs/sft/tiny-cpu.yaml, 2 steps, fine-tuning the pretrained start (the recipe names
-    the shipped models/tiny-locator-v2; here the test-size one above)."""
+    the shipped models/tiny-locator-v3; here the test-size one above)."""
     out = work / "tiny-sft"
     tider(
         "sft",
@@ -228,6 +244,61 @@ def test_grpo_tiny_cpu(tiny_sft, work, data_dir):
     assert "'loss'" not in run.stdout  # no per-step metrics dicts on the terminal
 
 
+@pytest.fixture(scope="module")
+def tiny_real(tiny_pretrain_answer, work, real_like):
+    """configs/sft/tiny-real.yaml, 2 steps from the test-size start, on LoCoMo- and
+    RealMem-format files that carry the names of its fixed split."""
+    out = work / "tiny-real"
+    tider(
+        "sft",
+        "configs/sft/tiny-real.yaml",
+        "--model_name_or_path",
+        str(tiny_pretrain_answer),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--dataset_path",
+        f"{real_like[0]},{real_like[1]}",
+        *COMMON,
+    )
+    return out
+
+
+def test_sft_tiny_real(tiny_real):
+    from tider.locator.contract import LocatorMetadata
+
+    assert steps(tiny_real) == [1, 2]
+    recipe = yaml.safe_load((ROOT / "configs/sft/tiny-real.yaml").read_text())
+    meta = LocatorMetadata.read(tiny_real)
+    assert meta.dataset_name == "locomo+realmem"
+    assert (meta.validation_memories, meta.test_memories) == (recipe["validation_memories"], recipe["test_memories"])
+    # the shipped start is the one the pretrain recipes make, and it never trained on these memories
+    start = LocatorMetadata.read(ROOT / recipe["model_name_or_path"])
+    assert set(start.test_memories or ()) <= set(recipe["test_memories"])
+
+
+def test_grpo_tiny_real(tiny_real, work, real_like):
+    out = work / "tiny-real-grpo"
+    tider(
+        "grpo",
+        "configs/grpo/tiny-real.yaml",
+        "--model_name_or_path",
+        str(tiny_real),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--dataset_path",
+        f"{real_like[0]},{real_like[1]}",
+        *COMMON,
+    )
+    recipe = yaml.safe_load((ROOT / "configs/grpo/tiny-real.yaml").read_text())
+    for name in recipe["reward_funcs"]:
+        assert any(f"rewards/{name}/mean" in h for h in history(out)), name
+    assert recipe["test_memories"] == yaml.safe_load((ROOT / "configs/sft/tiny-real.yaml").read_text())["test_memories"]
+
+
 def test_grpo_tiny_cpu_vllm_samples_from_the_trained_weights(work, data_dir):
     """The colocated engine must generate with the weights of the current step. Pushed hard
     (lr 3e-3 from the shipped start) the policy moves far from its start (KL > 0.5), while
@@ -240,7 +311,7 @@ def test_grpo_tiny_cpu_vllm_samples_from_the_trained_weights(work, data_dir):
         "grpo",
         "configs/grpo/tiny-cpu.yaml",
         "--model_name_or_path",
-        str(ROOT / "models/tiny-locator-v2"),
+        str(ROOT / "models/tiny-locator-v3"),
         "--output_dir",
         str(out),
         "--max_steps",
@@ -415,6 +486,7 @@ def test_grpo_qwen3_multinode_server_mode(tiny_sft, work, data_dir, tmp_path, vl
                 *data_args(data_dir),
                 *COMMON,
             ],
+            check=False,
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -426,27 +498,33 @@ def test_grpo_qwen3_multinode_server_mode(tiny_sft, work, data_dir, tmp_path, vl
     assert "connected to the vLLM server" in run.stderr + run.stdout  # it got that far
 
 
+REALMEM = ROOT.parent / "shared" / "data" / "realmem"
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not REALMEM.is_dir(), reason="needs the RealMem dev copy at ../shared/data/realmem")
 def test_shipped_starting_point_is_what_the_pretrain_recipe_trains_on():
-    """models/tiny-locator-v2 records the hash of its training queries; the recipes' data as
-    written (training-only seeds, checked disjoint from evaluations above) gives the same hash
-    in both phases (tiny-pretrain, then tiny-pretrain-answer)."""
+    """models/tiny-locator-v3 records the hash of its training queries; the recipes' data as
+    written (training-only synthetic seeds, checked disjoint from evaluations above, and the
+    RealMem train personas) gives the same hash in both phases (tiny-pretrain, then
+    tiny-pretrain-answer), and the same prompt settings."""
     from tider.locator.contract import LocatorMetadata
     from tider.locator.prompt import PromptSettings
     from tider.train.config import parse_recipe
     from tider.train.examples import split_queries
-    from tider.train.locator_data import load_training_dataset, training_data_hash
+    from tider.train.locator_data import fixed_split, load_training_dataset, training_data_hash
 
-    meta = LocatorMetadata.read(ROOT / "models/tiny-locator-v2")
+    meta = LocatorMetadata.read(ROOT / "models/tiny-locator-v3")
     first, second = (
-        parse_recipe("sft", ["--config", str(ROOT / f"configs/sft/{r}.yaml")])[0]
+        parse_recipe("sft", ["--config", str(ROOT / f"configs/sft/{r}.yaml"), "--dataset_path", f",{REALMEM}"])[0]
         for r in ("tiny-pretrain", "tiny-pretrain-answer")
     )
     data_fields = (
         "dataset_name",
-        "dataset_path",
         "dataset_seed",
         "split_seed",
+        "validation_memories",
+        "test_memories",
         "synthetic_messages",
         "synthetic_conversations",
         "synthetic_train_conversations",
@@ -454,8 +532,7 @@ def test_shipped_starting_point_is_what_the_pretrain_recipe_trains_on():
     )
     assert [getattr(first, f) for f in data_fields] == [getattr(second, f) for f in data_fields]
     dataset = load_training_dataset(first)
-    train = split_queries(dataset, seed=first.split_seed)["train"]
+    train = split_queries(dataset, first.split_seed, **fixed_split(first))["train"]
     assert meta.training_data_hash == training_data_hash(dataset, [q.key for q in train])
-    # Read back as a checkpoint is (switches added since it was made take their defaults, off).
     for script_args in (first, second):
         assert PromptSettings.from_json(meta.prompt_settings) == script_args.prompt_settings()

@@ -50,7 +50,7 @@ def test_rank_fusion_hand_values():
     ids, scores = fuse_ranks(pool, sim, semantic_rank, inside, rrf_k=60, k=4)
     scale = 61 / 2
     want = {10: scale / 61, 11: scale / 62, 12: scale * (1 / 63 + 1 / 61), 13: scale / 62}
-    assert ids.tolist() == [12, 10, 11, 13]  # in both lists first; then a tie (rank 2 in one list) by id
+    assert ids.tolist() == [12, 10, 13, 11]  # in both lists first; a tie (rank 2 in one list each) to the window
     assert scores == pytest.approx([want[i] for i in ids.tolist()])
     assert scores.max() <= 1.0
 
@@ -179,7 +179,7 @@ def test_dual_channel_promotes_in_window_evidence_and_non_temporal_is_semantic()
     cfg = RetrievalConfig(k=5, semantic="dense")
     ts_days = np.array([channels.to_days(t) for t in mem.timestamps])
     sim = channels.semantic_similarity(vecs @ query, None, "dense")
-    ids, scores = dual_channel_rank(sim, ts_days, WindowPrediction(False), cfg, 5)
+    ids, _ = dual_channel_rank(sim, ts_days, WindowPrediction(False), cfg, 5)
     assert ids.tolist() == channels.top_k(sim, 5).tolist()
     day20 = T0 + timedelta(days=20)
     ids_w, scores_w = dual_channel_rank(sim, ts_days, WindowPrediction(True, (Window(day20, day20),)), cfg, 5)
@@ -223,3 +223,21 @@ def test_removed_fusion_settings_load_at_their_old_defaults_only():
     assert RetrievalConfig.from_json(old) == RetrievalConfig(k=10)
     with pytest.raises(ValueError, match="lambda_boost=10.0 .* commit fa11d15 is the last"):
         RetrievalConfig.from_json({"lambda_boost": 10.0})
+
+
+def test_a_window_never_takes_over_the_top_k():
+    """Each channel nominates its top k: a window whose messages the semantic channel ranks
+    low takes at most half of the top k, and the semantic channel keeps its best half."""
+    rng = np.random.default_rng(0)
+    mem = _memory(n_days=50, per_day=4)
+    ts_days = np.array([channels.to_days(t) for t in mem.timestamps])
+    for k in (1, 2, 5, 20):
+        sim = rng.random(len(mem)).astype(np.float32)
+        day = T0 + timedelta(days=int(rng.integers(0, 50)))
+        window = WindowPrediction(True, (Window(day, day + timedelta(hours=23)),))
+        inside = set(range(*mem.id_range(window.windows[0])))
+        ids, _ = dual_channel_rank(sim, ts_days, window, RetrievalConfig(k=k), k)
+        semantic = channels.top_k(sim, k).tolist()
+        assert len(ids) == k
+        assert sum(i in inside and i not in semantic for i in ids.tolist()) <= (k + 1) // 2
+        assert set(semantic[: k // 2]) <= set(ids.tolist())

@@ -126,6 +126,11 @@ def test_store_sources(toy):
     wide = make_source("dbscan", eps_days=45, mu_per_day=0.01, pad_days=0)
     pred = wide.predict(q.public(), store)
     assert pred.temporal and pred.windows
+    # top-day: one window, the whole day of the semantic channel's top hit
+    top = store.messages("toy")[int(store.ranking(q.public()).ids[0])].timestamp
+    (day,) = make_source("top-day").predict(q.public(), store).windows
+    assert day.start == top.replace(hour=0, minute=0, second=0, microsecond=0) and day.contains(top)
+    assert (day.end - day.start).days == 0 and day.end.hour == 23
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ retrieval-backed rewards against the real memories (tider.memory.MemoryCollectio
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -76,7 +77,7 @@ def test_proximity_is_smooth_across_the_window_edge():
     # 05-10 starts 6 whole days after the gold ends (05-04 .. 05-09 in between).
     assert proximity_score(day(10), gold, "day", 7.0) == pytest.approx(2 / (1 + math.exp(6 / 7)))
     values = [proximity_score(day(d), gold, "day", 7.0) for d in range(4, 30)]
-    assert all(a >= b for a, b in zip(values, values[1:])) and values[-1] > 0
+    assert all(a >= b for a, b in itertools.pairwise(values)) and values[-1] > 0
     # two predicted windows, one on gold, one far: the far one halves its side only
     two = day(2) + day(31)
     expected = 0.5 * (1.0 + 0.5 * (1.0 + 2 / (1 + math.exp(27 / 7))))
@@ -167,12 +168,12 @@ def test_answer_correct_memoizes_reader_calls(small_world, tiny_qwen3_dir):
     ctx = RewardContext(dataset=ds, store=store, reader=reader)
     q = next(q for q in ds.queries if q.gold.temporal and q.gold.answer)
     text, gold = _gold_json(q)
-    args = dict(
-        query_key=[q.key] * 3,
-        memory_key=[q.memory_key] * 3,
-        evidence_ids=[list(q.gold.evidence_ids)] * 3,
-        answer=[q.gold.answer] * 3,
-    )
+    args = {
+        "query_key": [q.key] * 3,
+        "memory_key": [q.memory_key] * 3,
+        "evidence_ids": [list(q.gold.evidence_ids)] * 3,
+        "answer": [q.gold.answer] * 3,
+    }
     out, _, _ = _call(["answer_correct"], [text, text, GARBAGE], [gold] * 3, [True] * 3, ctx=ctx, **args)
     assert out["answer_correct"][2] == 0.0 and all(0.0 <= v <= 1.0 for v in out["answer_correct"])
     assert out["answer_correct"][0] == out["answer_correct"][1]
@@ -207,12 +208,12 @@ def test_the_wide_window_shortcut_earns_less_than_a_precise_window(small_world):
     )
     precise, golds = zip(*(_gold_json(q) for q in queries))
     n = len(queries)
-    columns = dict(
-        query_key=[q.key for q in queries] * 2,
-        memory_key=[q.memory_key for q in queries] * 2,
-        evidence_ids=[list(q.gold.evidence_ids) for q in queries] * 2,
-        answer=[q.gold.answer for q in queries] * 2,
-    )
+    columns = {
+        "query_key": [q.key for q in queries] * 2,
+        "memory_key": [q.memory_key for q in queries] * 2,
+        "evidence_ids": [list(q.gold.evidence_ids) for q in queries] * 2,
+        "answer": [q.gold.answer for q in queries] * 2,
+    }
     ctx = RewardContext(dataset=ds, store=store, k=5)  # a 200-message memory crowds k=5 as a year crowds k=20
     out, _, _ = _call(
         names, list(precise) + [wide] * n, [list(g) for g in golds] * 2, [True] * 2 * n, ctx=ctx, **columns
@@ -238,12 +239,12 @@ def test_answer_correct_with_a_dead_reader_gives_counted_zeros(small_world):
     ctx = RewardContext(dataset=ds, store=store, reader=reader)
     q = next(q for q in ds.queries if q.gold.temporal and q.gold.answer)
     text, gold = _gold_json(q)
-    args = dict(
-        query_key=[q.key] * 2,
-        memory_key=[q.memory_key] * 2,
-        evidence_ids=[list(q.gold.evidence_ids)] * 2,
-        answer=[q.gold.answer] * 2,
-    )
+    args = {
+        "query_key": [q.key] * 2,
+        "memory_key": [q.memory_key] * 2,
+        "evidence_ids": [list(q.gold.evidence_ids)] * 2,
+        "answer": [q.gold.answer] * 2,
+    }
     t0 = time.monotonic()
     out, logged, _ = _call(["answer_correct"], [text, GARBAGE], [gold] * 2, [True] * 2, ctx=ctx, **args)
     assert time.monotonic() - t0 < 30

@@ -138,9 +138,7 @@ def server(exported_locator, tmp_path_factory):
 
 
 def _predict(source, queries, store):
-    memories = [store.memory(q.memory_key) for q in queries]
-    timelines = [store.timeline(q.memory_key) for q in queries]
-    preds = source.predict_batch([q.public() for q in queries], memories, timelines)
+    preds = source.predict_batch([q.public() for q in queries], store)
     return preds, [o.text for o in source.last_outcomes], [o.failure for o in source.last_outcomes]
 
 

@@ -41,7 +41,6 @@ def test_a_fixed_split_names_its_held_out_memories():
 def small():
     from tider.data.synth import generate
     from tider.memory import MemoryCollection
-
     from tider.retrieval.config import RetrievalConfig
 
     ds = generate(400, seed=5, n_conversations=4)
@@ -84,14 +83,14 @@ def test_records_carry_gold_only_in_completion_and_columns(small):
         assert s["prompt"] == g["prompt"] and [m["role"] for m in s["prompt"]] == ["system", "user"]
         target = s["completion"][0]["content"]
         parsed = parse_prediction(target, granularity="day", refs=g["refs"])
-        # the target commits to windows only where the gold windows retrieve more evidence than none
+        # the target commits to the gold windows unless they would retrieve less evidence than none
         assert parsed.ok and parsed.prediction.temporal == g["gold_temporal"]
         assert g["n_gold_windows"] == (len(q.gold.windows) if q.gold.temporal else 0)
         if parsed.prediction.temporal:  # the references cover the gold windows, and they pay
             committed += 1
             assert q.gold.temporal and window_iou(parsed.prediction.windows, q.gold.windows, "day") > 0
             got, base = (store.retrieve(q.public(), p)[0] for p in (parsed.prediction, NON_TEMPORAL))
-            assert evidence_gain(got, base, q.gold.evidence_ids, 5) > 0
+            assert evidence_gain(got, base, q.gold.evidence_ids, 5) >= 0
             assert g["gold_windows"] and len(g["gold_windows"]) == len(q.gold.windows)
         else:
             assert g["gold_windows"] == []

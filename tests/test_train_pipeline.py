@@ -166,9 +166,7 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
     assert (source.settings.lines.max_lines, source.settings.max_prompt_tokens) == (4, budget)
     queries = ds.queries[:4]
     memories = [ds.memories[q.memory_key] for q in queries]
-    preds = source.predict_batch(
-        [q.public() for q in queries], memories, [store.timeline(q.memory_key) for q in queries]
-    )
+    preds = source.predict_batch([q.public() for q in queries], store)
     for pred, outcome, table, memory in zip(preds, source.last_outcomes, source.last_inputs, memories):
         assert 0 < outcome.messages[-1]["content"].count(" | L") <= 4  # at most the 4 trained timeline lines
         parsed = parse_prediction(outcome.text, granularity="day", refs=table, memory_span=memory.span)

@@ -9,7 +9,8 @@ and pick (DESIGN decision 11). Every rule is learning-free and dataset-agnostic:
 
 - **cues** ``C<j>``: the best-matching entries inside each resolved time cue (``rules``),
   marked with the cue's number ("the offsite last week" -> the offsite of that week);
-- **anchor** ``A``: the best entry holding the question's rarest term when few entries
+- **anchor** ``A``: when the question relates its answer to another event ("before",
+  "after", "since"...), the best entry holding the question's rarest term when few entries
   have it ("reorg"), with its nearest *relevant* entries before and after it marked
   ``A-1``, ``A-2``... and ``A+1``... ("the last review before the reorg" is ``A-1``);
 - **recent** ``R``: the latest relevant entry by ``asked_at`` ("the current region");
@@ -31,6 +32,7 @@ near-identical twins of the asked-about event are, everything else is not.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -95,6 +97,15 @@ def cue_spans(cues: Sequence, pad: timedelta) -> list:
     return [c.window.widen(pad) if (c.window.end - c.window.start) <= timedelta(days=1) else c.window for c in cues]
 
 
+# An anchor is another event the question places its answer against ("the review before
+# the reorg"): only a question with such a relation has one. Without this, a rare word of any
+# real question ("wine" in "when did they go wine tasting?") made an anchor and marks A±k
+# that mean nothing there.
+RELATION = re.compile(
+    r"\b(after|before|following|preceding|preceded|prior to|since|until|till|week of)\b", re.IGNORECASE
+)
+
+
 def _anchor(
     question: str, cues: Sequence, terms: list[set[str]], sims: np.ndarray, relevant: Sequence[int], config: LineConfig
 ) -> int | None:
@@ -103,6 +114,8 @@ def _anchor(
     hold it: "budget" in "the budget meeting last month"); an anchor is *another* event
     ("the review before the reorg"). Words of the time cues are the date library's ("May"
     in "on May 20"), not candidates."""
+    if not RELATION.search(question):
+        return None
     cue_words = set().union(*(_terms(c.text) for c in cues)) if cues else set()
     counts = {t: sum(t in s for s in terms) for t in _terms(question) - cue_words}
     rare = [

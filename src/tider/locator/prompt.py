@@ -23,8 +23,9 @@ Input, question first (a causal model reads the lines knowing what is asked):
   day the question is asked).
 - **What retrieval sees** (retrieve, then localize): ``h<n>/<m>`` says that ``n`` of the
   semantic channel's top 50 messages lie in the line's span (whole days, as a window on the
-  line would be), which holds ``m`` messages the question may see. Choosing a line then reads evidence the retriever already has, and
-  needs little English: on real conversations a question rarely names its time.
+  line would be), which holds ``m`` messages the question may see. Choosing a line then
+  reads evidence the retriever already has, and needs little English: on real
+  conversations a question rarely names its time.
 
 Output (docs/design.md, decision 2): ``{"temporal": true, "windows": [...]}`` where a
 window is ``{"mark": "H1"}`` (the line carrying that mark), ``{"entry": k}`` (line k's
@@ -63,8 +64,9 @@ A (the event the question names), A-1 / A+1 (the relevant line before / after it
 relevant line), H1, H2... (the lines holding the best search hits, in order), T (the line reaches
 the day the question is asked); "h3/9": 3 of the top 50 search hits lie in the line's span, which
 holds 9 messages. Answer with one JSON object and nothing else, pointing at the evidence:
-{"temporal": true, "windows": [{"mark": "<mark>"}, {"entry": <line number>}, {"cue": <cue number>}, {"start": "<time>", "end": "<time>"}]}
-(any mix, at most {max_windows} windows, times as {time_format}), or, when no window would help:
+{"temporal": true, "windows": [{"mark": "<mark>"}, {"entry": <line number>}, {"cue": <cue number>},
+{"start": "<time>", "end": "<time>"}]} (any mix, at most {max_windows} windows, times as
+{time_format}), or, when no window would help:
 {"temporal": false, "windows": []}"""
 
 TIME_FORMATS = {"day": "YYYY-MM-DD", "minute": "YYYY-MM-DDTHH:MM"}

@@ -151,7 +151,6 @@ def windowed_rank(
     rank[known] = by_id[at[known]] + 1  # its place in the best-first candidate list
     # Past the candidates the exact order is by id: count the non-candidates before each.
     rank[~known] = len(c.ids) + pool[~known] - np.searchsorted(taken, pool[~known]) + 1
-    rank[rank > config.rrf_depth] = np.inf
     in_pool = np.zeros(len(pool), dtype=bool)
     for lo, hi in inside:
         in_pool |= (pool >= lo) & (pool < hi)

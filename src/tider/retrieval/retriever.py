@@ -7,26 +7,31 @@ For a query q and a window prediction P:
    channel** ranks every message the query may see by ``sim``.
 2. Non-temporal P (``temporal=False`` or no windows), or ``config.temporal=False``:
    the answer is the semantic channel's top-k, scored by ``sim``.
-3. Otherwise the **temporal channel** ranks the messages inside P's windows by ``sim``,
-   and the two rankings are fused by reciprocal rank, as the dense and lexical rankings
-   are fused inside the hybrid mode (same ``rrf_k``, same scale):
+3. Otherwise the **temporal channel** ranks the messages inside P's windows by ``sim``.
+   Each channel nominates its top k, and the nominations are fused by reciprocal rank, as
+   the dense and lexical rankings are fused inside the hybrid mode (same ``rrf_k``, same
+   scale):
 
        score(m) = (rrf_k + 1) / 2 * (1 / (rrf_k + r_sem(m)) + 1 / (rrf_k + r_win(m)))
 
-   with ``r_win`` infinite outside the windows and ``r_sem`` infinite past ``rrf_depth``.
-   The top-k by that score (ties: lower id, the earlier message) is the answer.
+   with a rank past k (or outside the windows) infinite. The top k by that score (ties:
+   the window's message, then the earlier one) is the answer: what both channels nominate leads, then
+   the two lists alternate, so a window alone can take at most half of the top k.
 
-Why rank fusion and not TIDER's rerank (``sim * max(gamma_min, exp(-rho d)) +
-lambda_boost * [inside]``, over windows widened by 14 days): a window must promote the
-messages inside it, never take the top k over. Measured on the dev data (mean per-question
-share of the evidence in the top 20; ``bench/bench_regret.py``), TIDER's rerank lets one
-wrong one-day window drop LoCoMo from 0.642 (no window) to 0.114 while gold windows reach
-0.937; with rank fusion a wrong window costs less than half as much (0.452) and gold
-windows still reach 0.932 (RealMem: none 0.389, gold 0.861 -> 0.904, wrong 0.178 ->
-0.311; synthetic: gold 1.000 either way, wrong 0.244 -> 0.412). A buffer around the
-windows with distance decay made wrong windows costlier and gold ones no better, so the
-temporal channel is the windows themselves. At most about half of the top k can come from
-the temporal channel alone: what both channels rank high leads.
+Why this and not TIDER's rerank (``sim * max(gamma_min, exp(-rho d)) + lambda_boost *
+[inside]``, over windows widened by 14 days): a window must promote the messages inside it,
+never take the top k over, because a locator is sometimes wrong. Measured on the dev data
+(mean per-question share of the evidence in the top 20; ``bench/bench_regret.py``), TIDER's
+rerank lets one wrong one-day window drop LoCoMo from 0.642 (no window) to 0.114 while gold
+windows reach 0.937. Fusing the full rankings by reciprocal rank halves that cost (0.452,
+gold 0.932), but every window message still carries its deep semantic rank into the sum, so
+the window takes more than half of the top k; nominating each channel's top k first makes
+the split exact: a wrong window costs 0.642 -> 0.558, gold windows reach 0.873, and a window
+on the day of the top semantic hit helps on average (0.685). RealMem: none 0.389, gold
+0.861 / 0.904 / 0.819, wrong 0.178 / 0.311 / 0.328; synthetic: gold 1.000 in all three,
+wrong 0.244 / 0.412 / 0.412. A buffer around the windows with distance decay made wrong
+windows costlier and gold ones no better, so the temporal channel is the windows themselves.
+The nomination depth is the retrieval budget k, not a tuned constant.
 
 Results are ``(ids, scores)``, best first. ``tider.memory`` calls this with exact score
 vectors (small memories, ``exact=True``) and, through ``fuse_ranks``, with index-backed
@@ -72,11 +77,9 @@ def dual_channel_rank(
         top = order[:k]
         return top, sim[top]
     inside = channels.ids_in_ranges(channels.id_ranges(ts_days, channels.window_days(prediction.windows)))
-    rank = np.empty(len(order), dtype=np.float64)
-    rank[order] = np.arange(1, len(order) + 1)
     pool = np.union1d(order[:k], inside)
-    semantic_rank = rank[pool]
-    semantic_rank[semantic_rank > config.rrf_depth] = np.inf
+    semantic_rank = np.full(len(pool), np.inf)
+    semantic_rank[np.searchsorted(pool, order[:k])] = np.arange(1, min(k, len(order)) + 1)
     return fuse_ranks(pool, sim[pool], semantic_rank, np.isin(pool, inside, assume_unique=True), config.rrf_k, k)
 
 
@@ -86,11 +89,15 @@ def fuse_ranks(
     """Top-``k`` of ``pool`` by the fused score (module docstring). ``pool`` holds every
     message that can reach the top k: the semantic top k and every message in the windows
     (or, on the index path, the first ones the temporal channel ranks); ``sim``,
-    ``semantic_rank`` (1-based, inf when unranked) and ``inside`` are aligned with it."""
+    ``semantic_rank`` (1-based, inf past k or unranked) and ``inside`` are aligned with it.
+    The temporal channel nominates its top k."""
     members = pool[inside]
-    window_order = np.lexsort((members, -sim[inside]))
+    window_order = np.lexsort((members, -sim[inside]))[:k]
     window_rank = np.full(len(pool), np.inf)
-    window_rank[np.flatnonzero(inside)[window_order]] = np.arange(1, len(members) + 1)
+    window_rank[np.flatnonzero(inside)[window_order]] = np.arange(1, len(window_order) + 1)
+    semantic_rank = np.where(semantic_rank <= k, semantic_rank, np.inf)
     scores = channels.rrf_similarity(semantic_rank, window_rank, rrf_k)
-    best = np.lexsort((pool, -scores))[:k]
+    # Ties (a rank in one list against the same rank in the other) go to the window's
+    # message: the locator asked for it. Then the earlier message.
+    best = np.lexsort((pool, np.isinf(window_rank), -scores))[:k]
     return pool[best], scores[best]

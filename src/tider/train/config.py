@@ -82,6 +82,10 @@ class LocatorScriptArguments:
     tiny_num_heads: int = 4
     tiny_vocab_size: int = 2048
     tiny_date_tokens: bool = field(default=True, metadata={"help": "Whole-date tokens for the data's date range."})
+    tiny_lexical_init: bool = field(
+        default=False,
+        metadata={"help": "Input embeddings from all-MiniLM-L6-v2's word embeddings (tider.train.tiny)."},
+    )
     tiny_structured_date_init: bool = field(
         default=False,
         metadata={"help": "Date-token embeddings = shared + year + month + day parts (tider.train.tiny)."},

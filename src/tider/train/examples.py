@@ -166,10 +166,10 @@ class PromptBuilder:
         return locator_input(public, self.store, cues, self.settings, query_vector=vector, tokenizer=self.tokenizer)
 
     def target(self, query: Query, table) -> dict:
-        """The gold windows as references (``gold_answer``), if they retrieve more of the
-        evidence than no window does; else "no window". A window that adds nothing only
-        risks the top k (a wrong one costs evidence), so the locator learns to commit where
-        a window pays, which is also what the ``evidence_gain`` reward pays for."""
+        """The gold windows as references (``gold_answer``), unless they would retrieve less
+        of the evidence than no window does (then "no window"). Where the gold windows add
+        nothing, pointing at them is still right and costs nothing; the locator learns to
+        abstain where it cannot point at the evidence or where pointing at it hurts."""
         answer = gold_answer(query, table, self.dataset.granularity)
         if not answer["temporal"] or not query.gold.evidence_ids:
             return answer
@@ -177,7 +177,7 @@ class PromptBuilder:
         k = self.store.config.k
         public = query.public()
         base, got = (self.store.retrieve(public, p, k)[0] for p in (NON_TEMPORAL, parsed.prediction))
-        return answer if evidence_gain(got, base, query.gold.evidence_ids, k) > 0 else ABSTAIN
+        return answer if evidence_gain(got, base, query.gold.evidence_ids, k) >= 0 else ABSTAIN
 
     def messages(self, query: Query) -> list[dict]:
         return self.build(query).messages
@@ -236,10 +236,13 @@ def grpo_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]
     return records
 
 
-def corpus_texts(dataset: Dataset, records: Sequence[dict] | None = None) -> list[str]:
-    """Tokenizer corpus for a tiny model: message texts, plus rendered prompts and completions."""
-    texts = [m.text for memory in dataset.memories.values() for m in memory]
-    texts += [q.text for q in dataset.queries]
+def corpus_texts(dataset: Dataset, queries: Sequence[Query], records: Sequence[dict] | None = None) -> list[str]:
+    """Tokenizer corpus for a tiny model: the messages of the memories ``queries`` ask about
+    (the train split's: a vocabulary is made from training data only), their texts, and the
+    rendered prompts and completions."""
+    keys = {q.memory_key for q in queries}
+    texts = [m.text for key, memory in dataset.memories.items() if key in keys for m in memory]
+    texts += [q.text for q in queries]
     for r in records or ():
         texts += [m["content"] for m in r["prompt"]]
         texts += [m["content"] for m in r.get("completion", [])]

@@ -89,7 +89,8 @@ def with_train_conversations(dataset: Dataset, n: int, seed: int) -> Dataset:
     extra = generate(per_conversation * n, seed=seed, n_conversations=n, key_prefix=f"synth-t{seed}")
     if dataset.granularity != extra.granularity:
         raise ValueError(
-            f"train-only synthetic conversations are {extra.granularity!r}-grained, {dataset.name!r} is {dataset.granularity!r}"
+            f"train-only synthetic conversations are {extra.granularity!r}-grained, "
+            f"{dataset.name!r} is {dataset.granularity!r}"
         )
     stats = {**dataset.stats, TRAIN_ONLY: sorted(extra.memories)}
     return Dataset(
@@ -119,7 +120,7 @@ def ensure_tiny_model(script_args, model_path: str, dataset: Dataset, builder: P
     if (Path(model_path) / "config.json").exists():
         return
     train_queries = split_queries(dataset, script_args.split_seed, **fixed_split(script_args))["train"]
-    corpus = corpus_texts(dataset, sft_records(train_queries, builder))
+    corpus = corpus_texts(dataset, train_queries, sft_records(train_queries, builder))
     dates = date_range_tokens(dataset) if script_args.tiny_date_tokens else []
     logger.info("building tiny Qwen3 at %s (%d corpus texts, %d date tokens)", model_path, len(corpus), len(dates))
     build_tiny_qwen3(
@@ -133,6 +134,7 @@ def ensure_tiny_model(script_args, model_path: str, dataset: Dataset, builder: P
         num_kv_heads=max(1, script_args.tiny_num_heads // 2),
         intermediate_size=2 * script_args.tiny_hidden_size,
         structured_date_init=script_args.tiny_structured_date_init and bool(dates),
+        lexical_init=script_args.tiny_lexical_init,
     )
 
 
@@ -162,7 +164,11 @@ def prepare(
 
 def fixed_split(script_args) -> dict:
     """The recipe's fixed split (``validation_memories`` / ``test_memories``), if any."""
-    return {"validation": list(script_args.validation_memories), "test": list(script_args.test_memories)}
+    # An empty name is no memory: a command line clears a recipe's list with `--test_memories ""`.
+    return {
+        "validation": [k for k in script_args.validation_memories if k],
+        "test": [k for k in script_args.test_memories if k],
+    }
 
 
 def main_process_first(training_args, what: str):

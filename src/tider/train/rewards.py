@@ -9,11 +9,11 @@ TRL 1.16 calls every reward as ``f(prompts=, completions=, completion_ids=,
 |---|---|---|
 | ``format`` | – | 1 if the completion parses and passes the schema |
 | ``switch`` | r_det | ``scoring.switch_correct`` (temporal flag == gold) |
-| ``window_iou`` | r_win | ``scoring.window_iou`` at the data's granularity; non-temporal both sides -> 1, one side -> 0 |
-| ``evidence_coverage`` | r_evd | gold evidence in the top-k of the dual-channel retriever driven by the prediction |
-| ``evidence_gain`` | r_evd, shortcut-proof | that coverage minus the semantic channel's alone (a year-wide window gains ~0) |
+| ``window_iou`` | r_win | ``scoring.window_iou`` at the data's granularity (no windows on both sides: 1) |
+| ``evidence_coverage`` | r_evd | gold evidence in the top-k the prediction retrieves |
+| ``evidence_gain`` | r_evd, shortcut-proof | that coverage minus the semantic channel's alone |
 | ``answer_correct`` | r_out | a reader LLM answers from the retrieved evidence; the QA evaluation's answer F1 |
-| ``answer_span`` | r_out proxy | fraction of gold-answer tokens (the answer scorer's) present in the retrieved text (no LLM; a proxy) |
+| ``answer_span`` | r_out proxy | share of gold-answer tokens in the retrieved text (no LLM) |
 | ``proximity`` | Memory-T1 R_s | smooth distance-to-gold, ``2 / (1 + exp(d / tau))`` (1 when touching) |
 
 Every reward is 0 for a malformed completion. The first configured reward also logs

@@ -102,6 +102,41 @@ def init_date_embeddings(model, tokenizer, date_tokens: Iterable[str], seed: int
     return n
 
 
+def init_lexical_embeddings(model, tokenizer, skip: Iterable[str] = ()) -> int:
+    """Pretrained lexical knowledge for a model trained from scratch: each token's input
+    embedding becomes the mean of the all-MiniLM-L6-v2 word embeddings of its text's
+    WordPiece pieces (the only pretrained weights offline here), projected onto the
+    model's width by PCA and scaled to the table's spread. Words that MiniLM places close
+    ("trip", "travel") start close. Tokens in ``skip`` (special, date tokens) keep theirs.
+    Returns how many rows were set."""
+    import numpy as np
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoTokenizer
+
+    from tider.retrieval.embed import default_model_path
+
+    path = Path(default_model_path())
+    pieces = AutoTokenizer.from_pretrained(path)
+    word_table = load_file(str(path / "model.safetensors"))["embeddings.word_embeddings.weight"]
+    skip = set(skip) | set(tokenizer.all_special_tokens)
+    rows, vectors = [], []
+    for token, row in tokenizer.get_vocab().items():
+        text = tokenizer.convert_tokens_to_string([token]).strip()
+        ids = pieces(text, add_special_tokens=False)["input_ids"] if text and token not in skip else []
+        if ids:
+            rows.append(row)
+            vectors.append(word_table[ids].mean(axis=0))
+    table = model.get_input_embeddings().weight
+    vecs = np.stack(vectors) - np.mean(vectors, axis=0)
+    basis = np.linalg.svd(vecs, full_matrices=False)[2][: table.shape[1]]  # the top principal directions
+    projected = vecs @ basis.T
+    projected *= float(table.detach().float().std()) / (projected.std() + 1e-12)
+    with torch.no_grad():
+        table[torch.tensor(rows)] = torch.tensor(projected, dtype=table.dtype)
+    return len(rows)
+
+
 def build_tiny_qwen3(
     out_dir: str | Path,
     corpus: Iterable[str],
@@ -116,6 +151,7 @@ def build_tiny_qwen3(
     max_position_embeddings: int = 4096,
     seed: int = 0,
     structured_date_init: bool = False,
+    lexical_init: bool = False,
 ) -> Path:
     """Train a tokenizer on ``corpus``, build a random Qwen3 around it, save both."""
     import torch
@@ -141,6 +177,8 @@ def build_tiny_qwen3(
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
+    if lexical_init:
+        init_lexical_embeddings(model, tokenizer, skip=date_tokens)
     if structured_date_init:
         init_date_embeddings(model, tokenizer, date_tokens, seed=seed)
     model.generation_config = GenerationConfig(
