@@ -73,7 +73,7 @@ def test_unknown_recipe_lists_the_known_ones(tmp_path):
 
 
 def test_sft_starts_from_the_shipped_model_unless_told(tmp_path):
-    """The demo fine-tunes the recipe's pretrained start (models/tiny-locator-v2) by default,
+    """The demo fine-tunes the recipe's pretrained start (models/tiny-locator-v3) by default,
     by absolute path so it runs from any directory; --from-scratch builds one under --out;
     a Hub-id recipe keeps its own model_name_or_path."""
     import yaml
@@ -81,8 +81,8 @@ def test_sft_starts_from_the_shipped_model_unless_told(tmp_path):
     from tider.commands.demo import REPO, _sft_start
 
     tiny = yaml.safe_load((REPO / "configs/sft/tiny-cpu.yaml").read_text())
-    assert _sft_start(tiny, tmp_path, False) == str(REPO / "models/tiny-locator-v2")
-    assert (REPO / "models/tiny-locator-v2/model.safetensors").exists()
+    assert _sft_start(tiny, tmp_path, False) == str(REPO / "models/tiny-locator-v3")
+    assert (REPO / "models/tiny-locator-v3/model.safetensors").exists()
     assert _sft_start(tiny, tmp_path, True) == str(tmp_path / "base")
     assert _sft_start({**tiny, "model_name_or_path": "nowhere/yet"}, tmp_path, False) == str(tmp_path / "base")
     production = yaml.safe_load((REPO / "configs/sft/qwen3-1.7b.yaml").read_text())

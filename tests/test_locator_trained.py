@@ -139,13 +139,14 @@ def test_metadata_round_trips_and_names_bad_files(tmp_path):
 
 
 def test_removed_settings_load_at_their_shipped_value_and_name_their_last_commit(tmp_path):
-    """models/tiny-locator-v2 records timeline.summary_words (16), an option removed since:
+    """A locator-v2 checkpoint's metadata (tests/data: the former shipped start's) records
+    timeline.summary_words (16), an option removed since:
     it still reads and matches today's timeline (its prompt version is checked separately);
     another value is refused, naming the option and the last commit that had it."""
     from tider.locator.contract import REMOVED_SETTINGS, input_settings
     from tider.retrieval.config import RetrievalConfig
 
-    shipped = ROOT / "models/tiny-locator-v2" / METADATA_FILE
+    shipped = ROOT / "tests" / "data" / "tider_locator_v2.json"
     raw = json.loads(shipped.read_text())
     assert raw["timeline"]["summary_words"] == REMOVED_SETTINGS["timeline.summary_words"][0]
     meta = LocatorMetadata.read(shipped)

@@ -112,7 +112,7 @@ def real_like(tmp_path_factory):
 def tiny_pretrain(work, real_like):
     """configs/sft/tiny-pretrain.yaml as written (its own training-only seeds, generated data)
     but at test size: fewer messages and train-only conversations, 2 steps. It builds the
-    tiny Qwen3 the other recipes start from (as models/tiny-locator-v2 was built)."""
+    tiny Qwen3 the other recipes start from (as models/tiny-locator-v3 was built)."""
     out = work / "tiny-pretrain"
     tider(
         "sft",

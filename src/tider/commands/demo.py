@@ -64,7 +64,7 @@ def register(subparsers) -> None:
         "--from-scratch",
         action="store_true",
         help="tiny recipes: build a fresh tiny Qwen3 under --out instead of starting from the recipe's "
-        "pretrained model_name_or_path (models/tiny-locator-v2)",
+        "pretrained model_name_or_path (models/tiny-locator-v3)",
     )
     p.set_defaults(func=run, passthrough=True)
 
