@@ -1,4 +1,4 @@
-"""One answer scorer, two users (DESIGN decision 3): the GRPO ``answer_correct`` reward and
+"""One answer scorer, two users (docs/design.md, decision 3): the GRPO ``answer_correct`` reward and
 the QA evaluation's F1 both score answers with ``tider.scoring.answer_f1``.
 
 The pin: ``answer_f1`` is replaced by a spy returning a value no F1 of the tiny model's

@@ -2,7 +2,7 @@
 evidence coverage and answer F1.
 
 
-One scorer, two users (DESIGN decision 3): the GRPO rewards (``tider.train.rewards``) and
+One scorer, two users (docs/design.md, decision 3): the GRPO rewards (``tider.train.rewards``) and
 the evaluation metrics (``tider.eval``) call these functions, so a reward and the metric
 it optimises can never drift apart. This module depends on the data model only; the
 retriever and the gold-window rule use its ``merge_intervals`` as well.

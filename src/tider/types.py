@@ -1,6 +1,6 @@
 """The data model every tider stage shares.
 
-Decisions (see DESIGN.md):
+Decisions (see docs/design.md):
 - Timestamps are timezone-naive UTC ``datetime``.
 - A ``Window`` is a closed interval ``[start, end]``.
 - A ``Memory`` stores its messages sorted by time, and a message's ``id`` is its position

@@ -43,7 +43,7 @@ def parse_timestamp(
         parsed = dateutil_parser.parse(value, dayfirst=dayfirst)
     except (ValueError, OverflowError) as exc:
         raise DatasetError(path, record, f"unparseable timestamp {text!r} ({exc})") from None
-    # Naive UTC everywhere (DESIGN.md, decision 1): convert aware times, keep naive ones.
+    # Naive UTC everywhere (docs/design.md, decision 1): convert aware times, keep naive ones.
     if parsed.tzinfo is not None:
         parsed = parsed.replace(tzinfo=None) - parsed.utcoffset()
     return parsed

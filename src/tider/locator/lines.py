@@ -5,7 +5,7 @@ to the question; on a memory where an event recurs weekly, the K most similar en
 are K arbitrary twins of the event and the one the question asks about is usually not
 among them. v2 picks entries for what the question's *structure* can need, and marks the
 relations a date library can compute, so that the model's job is to read the question
-and pick (DESIGN decision 11). Every rule is learning-free and dataset-agnostic:
+and pick (docs/design.md, decision 11). Every rule is learning-free and dataset-agnostic:
 
 - **cues** ``C<j>``: the best-matching entries inside each resolved time cue (``rules``),
   marked with the cue's number ("the offsite last week" -> the offsite of that week);

@@ -1,5 +1,5 @@
 """Time expressions in a question, resolved against ``asked_at`` by a maintained library,
-and the ``rules`` window source built on them (DESIGN decision 11: time arithmetic is a
+and the ``rules`` window source built on them (docs/design.md, decision 11: time arithmetic is a
 library's job; deciding what the question needs is the locator's).
 
 The library is Microsoft Recognizers-Text (``ms-recognizers-text-date-time``, MIT): it

@@ -3,7 +3,7 @@
 A message is a ``Message`` or a dict with ``text`` and ``timestamp`` (required),
 ``speaker``, ``session``, ``key`` and the optional metadata fields (``channel``, ``topic``,
 ``phase``, ``stage``, ``role``). Timestamps are ISO 8601 strings or ``datetime``s:
-timezone-aware ones are converted to UTC, naive ones are taken as UTC (DESIGN decision 1).
+timezone-aware ones are converted to UTC, naive ones are taken as UTC (docs/design.md, decision 1).
 A missing ``key`` is generated from the content (a hash of text, time, speaker and
 session), so re-adding the same keyless message is a no-op like re-adding a keyed one.
 Anything else that is wrong raises ``MemoryInputError`` naming the record and the field.

@@ -72,7 +72,7 @@ class Timeline:
         return range(self.starts[j], end)
 
     def visible(self, asked_at: datetime | None) -> Timeline:
-        """The timeline as it stood at ``asked_at`` (DESIGN decision 10, no memory from the
+        """The timeline as it stood at ``asked_at`` (docs/design.md, decision 10, no memory from the
         future): clusters that started later are gone, and the one still open then is cut
         to the members said by then (its centroid from those alone). Entries
         of clusters that had closed are the full timeline's own (shared caches)."""
