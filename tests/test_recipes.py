@@ -96,7 +96,18 @@ def work(tmp_path_factory):
 
 
 def data_args(data_dir: Path) -> list[str]:
-    return ["--dataset_name", "synthetic", "--dataset_path", str(data_dir)]
+    """The test-size synthetic data instead of the recipe's; a recipe's fixed split names real
+    conversations and personas, which synthetic data has not, so it is cleared."""
+    return [
+        "--dataset_name",
+        "synthetic",
+        "--dataset_path",
+        str(data_dir),
+        "--validation_memories",
+        "",
+        "--test_memories",
+        "",
+    ]
 
 
 @pytest.fixture(scope="module")

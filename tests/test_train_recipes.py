@@ -93,3 +93,22 @@ def test_cli_registers_training_commands():
     parser = build_parser()
     args, extra = parser.parse_known_args(["grpo", "--config", "x.yaml", "--max_steps", "3"])
     assert args.stage == "grpo" and args.passthrough and extra == ["--max_steps", "3"]
+
+
+# Where the data lives, what it is split into and where the reader LLM runs are each recipe's
+# own; every other setting the production recipes share with the dataclasses has one default: theirs.
+LOCAL_KEYS = {"dataset_name", "dataset_path", "validation_memories", "test_memories", "reader_model", "reader_base_url"}
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo"])
+def test_dataclass_defaults_are_the_production_recipe(stage):
+    from dataclasses import fields
+
+    recipe = yaml.safe_load((ROOT / f"configs/{stage}/qwen3-1.7b.yaml").read_text())
+    cls = LocatorScriptArguments if stage == "sft" else GRPOScriptArguments
+    defaults = cls()
+    shared = {f.name for f in fields(cls)} & set(recipe) - LOCAL_KEYS
+    assert {"prompt_lines", "max_prompt_tokens"} <= shared
+    assert {k: recipe[k] for k in shared} == {k: getattr(defaults, k) for k in shared}
+    if stage == "grpo":
+        assert defaults.reward_funcs == recipe["reward_funcs"]  # the shortcut-proof list
