@@ -81,16 +81,23 @@ def train(args, out: Path, timings: dict):
     dataset = load_training_dataset(s_args)
     store = MemoryCollection(dataset.memories)
     timings["data_s"] = time.time() - t0
-    t0 = time.time()
     if not (out / "sft" / "tider_locator.json").exists():
+        t0 = time.time()
         run_sft(s_args, s_train, s_model, dataset=dataset, store=store)
-    timings["sft_s"] = time.time() - t0
+        record(out, timings, "sft_s", time.time() - t0)
     g = recipe_args("grpo/tiny-real", overrides(args, "grpo", str(out / "sft"), out))
-    t0 = time.time()
     if not (out / "grpo" / "tider_locator.json").exists():
+        t0 = time.time()
         run_grpo(*g, dataset=dataset, store=store)
-    timings["grpo_s"] = time.time() - t0
+        record(out, timings, "grpo_s", time.time() - t0)
     return g, dataset, store
+
+
+def record(out: Path, timings: dict, stage: str, seconds: float) -> None:
+    """A finished stage's time, kept in DIR/timings.json so that a resumed run reports the
+    time of the run that did the work, not the skip."""
+    timings[stage] = seconds
+    (out / "timings.json").write_text(json.dumps(timings, indent=1))
 
 
 def held_out(args, out: Path, grpo, dataset, store, queries) -> dict:
@@ -164,9 +171,13 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     os.environ.setdefault("WANDB_MODE", "disabled")
+    # As tider.train.grpo.prepare_vllm_colocate_on_cpu: GRPO's colocated vLLM engine runs in
+    # this process and cannot start once numba is loaded; with it hidden, bm25s uses numpy.
+    sys.modules.setdefault("numba", None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    timings, t_start = {}, time.time()
+    timings = json.loads((out / "timings.json").read_text()) if (out / "timings.json").exists() else {}
+    t_start = time.time()
     grpo, dataset, store = train(args, out, timings)
     from tider.train.examples import split_queries
     from tider.train.locator_data import fixed_split
@@ -184,7 +195,8 @@ def main(argv=None) -> int:
     timings["compare_s"] = time.time() - t0
     (out / "compare.json").write_text(json.dumps(comparison, indent=2))
     (out / "compare.md").write_text((out / "compare" / "compare.md").read_text())
-    timings["total_s"] = time.time() - t_start
+    timings["this_run_s"] = time.time() - t_start
+    timings["total_s"] = sum(v for k, v in timings.items() if k not in ("total_s", "this_run_s"))
     results = {
         "hardware": hardware(),
         "float32_matmul_ms": matmul_ms(),
