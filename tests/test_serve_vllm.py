@@ -279,10 +279,8 @@ def test_remote_client_without_the_folder(server, exported_locator, synthetic_sl
         source = make_source("locator", url=server.base_url, metadata=str(copied), structured="none")
         assert isinstance(source.tokenizer, ServedTokenizer)
         assert source.settings.lines.max_lines == 4 and source.settings.max_prompt_tokens == 256
-        memories = [store.memories[q.memory_key] for q in queries]
-        timelines = [store.timeline(q.memory_key) for q in queries]
-        full = source.inputs(queries, memories, timelines, "day")
-        for q, m, t, f in zip(queries, memories, timelines, full):
+        full = source.inputs(queries, store)
+        for q, f in zip(queries, full):
             n = len(
                 local_tokenizer.apply_chat_template(
                     f.messages, tokenize=True, add_generation_prompt=True, return_dict=False
@@ -293,7 +291,7 @@ def test_remote_client_without_the_folder(server, exported_locator, synthetic_sl
             local.tokenizer, local.settings = local_tokenizer, tight
             source.settings, kept = tight, source.settings
             try:
-                cut, served_cut = local.inputs([q], [m], [t], "day")[0], source.inputs([q], [m], [t], "day")[0]
+                cut, served_cut = local.inputs([q], store)[0], source.inputs([q], store)[0]
             finally:
                 source.settings = kept
             assert cut.messages != f.messages and served_cut.messages == cut.messages
