@@ -8,10 +8,6 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tider"
 MAX_LINES = 60
-# Functions still over the limit, as "path under src/tider:function": being split (issue 23).
-ALLOWED: set[str] = {
-    "eval/compare.py:run_compare",
-}
 
 
 def long_functions(root: Path, max_lines: int = MAX_LINES) -> dict[str, int]:
@@ -28,10 +24,7 @@ def long_functions(root: Path, max_lines: int = MAX_LINES) -> dict[str, int]:
 
 
 def test_no_function_over_60_lines():
-    over = long_functions(SRC)
-    assert {k: v for k, v in over.items() if k not in ALLOWED} == {}
-    # An allow-listed function that was split leaves the list.
-    assert sorted(ALLOWED - set(over)) == []
+    assert long_functions(SRC) == {}
 
 
 def test_the_count_runs_from_def_to_the_last_body_line(tmp_path):

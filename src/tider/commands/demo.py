@@ -44,7 +44,9 @@ def register(subparsers) -> None:
     p.add_argument("--grpo-steps", type=int, default=None, help="override the GRPO recipe's max_steps")
     p.add_argument("--export-dtype", default=None, help="default: float32 on CPU (exact vLLM parity), bfloat16 on GPU")
     p.add_argument(
-        "--baselines", default="none,rules,top-day,dbscan-tuned,timeline", help="learning-free window sources to compare"
+        "--baselines",
+        default="none,rules,top-day,dbscan-tuned,timeline",
+        help="learning-free window sources to compare",
     )
     p.add_argument(
         "--split",

@@ -305,30 +305,7 @@ def run_compare(
     retrieval_report = run_retrieval_eval(
         dataset, retrieval_config, out / "retrieval", data_path=data_path, overwrite=overwrite, progress=progress
     )
-    qa_report = None
-    if qa is not None:
-        from tider.eval.qa import QAConfig, run_qa_eval
-
-        qa_config = QAConfig(
-            windows=methods,
-            contexts=("forest",),
-            memory_keys=config.memory_keys,
-            limit=config.limit,
-            exclude_categories=config.exclude_categories,
-            retrieval=config.retrieval,
-            source_options=config.source_options,
-            **qa.get("config", {}),
-        )
-        qa_report = run_qa_eval(
-            dataset,
-            qa_config,
-            out / "qa",
-            qa["reader"],
-            qa["judge"],
-            data_path=data_path,
-            overwrite=overwrite,
-            progress=progress,
-        )
+    qa_report = run_qa(dataset, config, out / "qa", qa, data_path, overwrite, progress) if qa is not None else None
     comparison = build_comparison(
         retrieval_report, config, qa_report, parse_failures=parse_failure_rates(out / "retrieval", methods)
     )
@@ -340,3 +317,22 @@ def run_compare(
     (out / "compare.md").write_text(markdown(comparison))
     plot(comparison, out / "compare.png")
     return comparison
+
+
+def run_qa(dataset: Dataset, config: CompareConfig, out: Path, qa: dict, data_path, overwrite, progress) -> dict:
+    """QA accuracy through the forest back end for every compared method (``run_compare``'s ``qa``)."""
+    from tider.eval.qa import QAConfig, run_qa_eval
+
+    qa_config = QAConfig(
+        windows=config.methods,
+        contexts=("forest",),
+        memory_keys=config.memory_keys,
+        limit=config.limit,
+        exclude_categories=config.exclude_categories,
+        retrieval=config.retrieval,
+        source_options=config.source_options,
+        **qa.get("config", {}),
+    )
+    return run_qa_eval(
+        dataset, qa_config, out, qa["reader"], qa["judge"], data_path=data_path, overwrite=overwrite, progress=progress
+    )
