@@ -165,9 +165,10 @@ def main(argv=None) -> int:
     timings, t_start = {}, time.time()
 
     from tider.memory.collection import MemoryCollection
+    from tider.train.data import load_training_dataset
     from tider.train.grpo import run_grpo
-    from tider.train.locator_data import load_training_dataset, prepare
     from tider.train.sft import run_sft
+    from tider.train.stage import prepare
 
     # From scratch: the pretraining recipe, on the benchmark's own train split (seed 0).
     s_args, s_train, s_model = recipe_args(

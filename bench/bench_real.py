@@ -72,8 +72,8 @@ def overrides(args, stage: str, model: str, out: Path) -> list[str]:
 def train(args, out: Path, timings: dict):
     """SFT then GRPO, each skipped when its checkpoint exists; returns the GRPO recipe's arguments."""
     from tider.memory.collection import MemoryCollection
+    from tider.train.data import load_training_dataset
     from tider.train.grpo import run_grpo
-    from tider.train.locator_data import load_training_dataset
     from tider.train.sft import run_sft
 
     s_args, s_train, s_model = recipe_args("sft/tiny-real", overrides(args, "sft", args.start, out))
@@ -179,8 +179,8 @@ def main(argv=None) -> int:
     timings = json.loads((out / "timings.json").read_text()) if (out / "timings.json").exists() else {}
     t_start = time.time()
     grpo, dataset, store = train(args, out, timings)
+    from tider.train.data import fixed_split
     from tider.train.examples import split_queries
-    from tider.train.locator_data import fixed_split
 
     splits = split_queries(dataset, grpo[0].split_seed, **fixed_split(grpo[0]))
     queries = [q for q in splits[args.split] if q.gold.evidence_ids and str(q.category) != "5"]

@@ -103,7 +103,8 @@ def benchmark_split(checkpoint, design: str = "shipped"):
     """The benchmark's data as the GRPO recipe sees it, for scripts that score checkpoints
     on it: ``(grpo_args, grpo_training_args, dataset, store, splits)``."""
     from tider.memory.collection import MemoryCollection
-    from tider.train.locator_data import load_training_dataset, prepare
+    from tider.train.data import load_training_dataset
+    from tider.train.stage import prepare
 
     data = data_overrides(BENCHMARK_DATA, DESIGNS[design])
     g_args, g_train, _ = recipe_args(

@@ -522,8 +522,8 @@ def test_shipped_starting_point_is_what_the_pretrain_recipe_trains_on():
     from tider.locator.contract import LocatorMetadata
     from tider.locator.prompt import PromptSettings
     from tider.train.config import parse_recipe
+    from tider.train.data import fixed_split, load_training_dataset, training_data_hash
     from tider.train.examples import split_queries
-    from tider.train.locator_data import fixed_split, load_training_dataset, training_data_hash
 
     meta = LocatorMetadata.read(ROOT / "models/tiny-locator-v3")
     first, second = (

@@ -128,7 +128,7 @@ def test_gold_answer_points_at_the_tightest_reference():
 
 
 def test_train_only_conversations_never_reach_validation_or_test(small):
-    from tider.train.locator_data import with_train_conversations
+    from tider.train.data import with_train_conversations
 
     ds, _ = small
     before = split_queries(ds, seed=0)
@@ -160,7 +160,7 @@ def test_dar_reproduces_tider_table_8():
 
 
 def test_eval_queries_is_a_seeded_sample_in_split_order():
-    from tider.train.locator_data import eval_queries
+    from tider.train.data import eval_queries
 
     queries = list(range(100))
     sample = eval_queries(queries, 10, seed=0)

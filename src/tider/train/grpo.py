@@ -13,17 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tider.train.dar import dar_resample, effective_probabilities
-from tider.train.locator_data import (
-    eval_queries,
-    grpo_records,
-    is_main_process,
-    prepare,
-    start_wandb_run,
-    to_hf,
-    train_and_save,
-)
+from tider.train.data import eval_queries, to_hf
+from tider.train.examples import grpo_records
 from tider.train.rewards import RewardContext, make_rewards
 from tider.train.sft import model_init_kwargs
+from tider.train.stage import is_main_process, prepare, start_wandb_run, train_and_save
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 
-from tider.train.locator_data import eval_queries, prepare, sft_records, start_wandb_run, to_hf, train_and_save
+from tider.train.data import eval_queries, to_hf
+from tider.train.examples import sft_records
+from tider.train.stage import prepare, start_wandb_run, train_and_save
 
 logger = logging.getLogger(__name__)
 

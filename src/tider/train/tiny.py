@@ -9,13 +9,24 @@ Dates: a tiny model copies dates far better when each ISO date is one token (mea
 before this repository existed: exact dates 0% with single-digit tokens, 1-25% with
 whole-date tokens), so ``date_tokens`` adds whole-date tokens (``2023-05-07``) to the
 vocabulary.
+
+``ensure_tiny_model`` builds it for a recipe that sets ``tiny_model``, from that recipe's
+training data (tokenizer corpus and the dates it can mention).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import date, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tider.train.examples import PromptBuilder
+    from tider.types import Dataset
+
+logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 
@@ -187,3 +198,38 @@ def build_tiny_qwen3(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def date_range_tokens(dataset: Dataset, margin_days: int = 60) -> list[str]:
+    """Every ISO date the data (messages and question times) can mention, with a margin
+    for relative questions that point before the first message."""
+    stamps = [m.timestamp for mem in dataset.memories.values() for m in mem] + [q.asked_at for q in dataset.queries]
+    first, last = min(stamps).date(), max(stamps).date()
+    return iso_dates(first - timedelta(days=margin_days), last + timedelta(days=margin_days))
+
+
+def ensure_tiny_model(script_args, model_path: str, dataset: Dataset, builder: PromptBuilder) -> None:
+    """Build the tiny Qwen3 at ``model_path`` unless a checkpoint is already there (so a
+    resumed or repeated run keeps the same tokenizer and initial weights)."""
+    from tider.train.data import fixed_split
+    from tider.train.examples import corpus_texts, sft_records, split_queries
+
+    if (Path(model_path) / "config.json").exists():
+        return
+    train_queries = split_queries(dataset, script_args.split_seed, **fixed_split(script_args))["train"]
+    corpus = corpus_texts(dataset, train_queries, sft_records(train_queries, builder))
+    dates = date_range_tokens(dataset) if script_args.tiny_date_tokens else []
+    logger.info("building tiny Qwen3 at %s (%d corpus texts, %d date tokens)", model_path, len(corpus), len(dates))
+    build_tiny_qwen3(
+        model_path,
+        corpus,
+        vocab_size=script_args.tiny_vocab_size,
+        date_tokens=dates,
+        hidden_size=script_args.tiny_hidden_size,
+        num_layers=script_args.tiny_num_layers,
+        num_heads=script_args.tiny_num_heads,
+        num_kv_heads=max(1, script_args.tiny_num_heads // 2),
+        intermediate_size=2 * script_args.tiny_hidden_size,
+        structured_date_init=script_args.tiny_structured_date_init and bool(dates),
+        lexical_init=script_args.tiny_lexical_init,
+    )

@@ -1,0 +1,158 @@
+"""What ``tider sft`` and ``tider grpo`` run around their trainer: ``prepare`` before it
+(dataset, store, tokenizer, prompt builder, splits; rank 0 builds the tiny model if asked),
+``train_and_save`` after it (train, resume, save weights, tokenizer and locator metadata),
+and the rank, wandb and checkpoint-resume plumbing both stages share.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from tider.locator.contract import METADATA_FILE
+from tider.train.data import fixed_split, load_training_dataset, training_metadata
+from tider.train.examples import PromptBuilder, split_queries
+from tider.train.tiny import ensure_tiny_model
+from tider.types import Dataset
+
+logger = logging.getLogger(__name__)
+
+
+def start_wandb_run(training_args, project: str):
+    """Open the wandb run the trainer's callback then logs into (it reuses an open run):
+    in ``project`` unless ``WANDB_PROJECT`` says otherwise, and offline unless the user has
+    an API key or chose ``WANDB_MODE``. Passed as arguments, so the process environment is
+    left as the caller set it. Main process only, like the callback itself."""
+    if "wandb" not in (training_args.report_to or []) or training_args.process_index != 0:
+        return None
+    import wandb
+
+    if wandb.run is not None:
+        return wandb.run
+    offline = not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ
+    return wandb.init(
+        project=os.environ.get("WANDB_PROJECT", project),
+        name=training_args.run_name,
+        mode="offline" if offline else None,
+    )
+
+
+def prepare(
+    script_args, model_path: str, *, stage: str, dataset: Dataset | None = None, store=None, training_args=None
+):
+    """Return ``(dataset, store, tokenizer, builder, splits)``; builds the tiny model if asked
+    (the main process builds it, the other ranks then load the same files).
+    ``store`` (a ``tider.memory.MemoryCollection``) is built once here and shared by prompts and rewards."""
+    from transformers import AutoTokenizer
+
+    from tider.memory import MemoryCollection
+
+    dataset = dataset or load_training_dataset(script_args)
+    store = store or MemoryCollection(dataset.memories)
+    builder = PromptBuilder(dataset, store, settings=script_args.prompt_settings())
+    store.prepare(dataset.queries)  # one batched encode of every question the prompts need
+    if script_args.tiny_model:
+        with main_process_first(training_args, "tiny model"):
+            ensure_tiny_model(script_args, model_path, dataset, builder)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    builder.tokenizer = tokenizer
+    splits = split_queries(dataset, script_args.split_seed, **fixed_split(script_args))
+    logger.info("%s on %s: %s", stage, dataset.name, {k: len(v) for k, v in splits.items()})
+    return dataset, store, tokenizer, builder, splits
+
+
+def main_process_first(training_args, what: str):
+    """``TrainingArguments.main_process_first``: rank 0 runs the block, then the others do
+    (and find its files); a no-op context without training arguments."""
+    from contextlib import nullcontext
+
+    return training_args.main_process_first(local=False, desc=what) if training_args is not None else nullcontext()
+
+
+def is_main_process(training_args) -> bool:
+    return training_args is None or training_args.process_index == 0
+
+
+def train_and_save(
+    trainer,
+    stage: str,
+    script_args,
+    training_args,
+    dataset: Dataset,
+    store,
+    tokenizer,
+    splits,
+    run=None,
+    chat_template_kwargs: dict | None = None,
+):
+    """Both stages' tail: one progress line, which process this is (in the rank's log; the
+    2-rank test reads it), train (resuming if asked), save weights and state (the trainer
+    writes from the main process), then tokenizer and locator metadata from rank 0 only."""
+    from tider.train.output import install_progress
+
+    install_progress(trainer, stage)
+    acc = trainer.accelerator
+    logger.info("%s: process %d of %d (%s)", stage, acc.process_index, acc.num_processes, acc.distributed_type)
+    trainer.train(resume_from_checkpoint=resume_arg(training_args))
+    trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json (log history) next to the final weights
+    if is_main_process(training_args):
+        tokenizer.save_pretrained(training_args.output_dir)
+        training_metadata(
+            script_args,
+            dataset,
+            store,
+            train_query_keys=[q.key for q in splits["train"]],
+            chat_template_kwargs=chat_template_kwargs,
+        ).write(training_args.output_dir)
+        logger.info("wrote %s", Path(training_args.output_dir) / METADATA_FILE, extra={"file_only": True})
+    if run is not None:
+        run.finish()  # the next stage in this process opens its own run
+    return trainer
+
+
+def resume_arg(training_args):
+    """``resume_from_checkpoint: true`` means the newest *complete* checkpoint in output_dir,
+    if any: one whose ``trainer_state.json`` (which transformers writes last) exists, so a
+    run killed while saving resumes from the checkpoint before."""
+    value = training_args.resume_from_checkpoint
+    if value in (None, False, "", "false", "False"):
+        return None
+    _load_cpu_ranks_checkpoints()
+    if value in (True, "true", "True"):
+        return last_complete_checkpoint(training_args.output_dir)
+    return value
+
+
+def _load_cpu_ranks_checkpoints() -> None:
+    """transformers 5.17 loads the optimizer state of a multi-process run with
+    ``map_location=args.device``, which on CPU ranks is ``cpu:0``/``cpu:1``, a location
+    torch's loader does not know ("don't know how to restore data location ... cpu:0").
+    Teach it that ``cpu:N`` is the CPU (registered once; every other location unchanged)."""
+    import re
+
+    from torch import serialization
+
+    if getattr(_load_cpu_ranks_checkpoints, "done", False):
+        return
+
+    def indexed_cpu(obj, location):
+        return obj if isinstance(location, str) and re.fullmatch(r"cpu:\d+", location) else None
+
+    serialization.register_package(97, lambda obj: None, indexed_cpu)  # a priority of its own
+    _load_cpu_ranks_checkpoints.done = True
+
+
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    folder = Path(output_dir)
+    done = [
+        p
+        for p in folder.glob("checkpoint-*")
+        if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").exists()
+    ]
+    if not done:
+        return None
+    newest = max(done, key=lambda p: int(p.name.split("-")[-1]))
+    logger.info("resuming from %s", newest)
+    return str(newest)
