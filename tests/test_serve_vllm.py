@@ -250,6 +250,14 @@ def test_registry_locator_url_equals_local_model(server, exported_locator, synth
     local_preds, local_texts, _ = _predict(local, queries[:4], store)
     assert served_texts == local_texts == local_predictions[1][:4]
     assert served_preds == local_preds
+    # The harness asks a served locator for queries ahead (concurrent requests): the same
+    # answer, and the outcome it records, for each query.
+    from tider.eval.retrieval import AheadOfTime
+
+    ahead = AheadOfTime(served, queries[:4], chunk=3)
+    for q, pred, text in zip(queries[:4], served_preds, served_texts):
+        assert ahead.predict(q.public(), store) == pred and ahead.last_outcomes[0].text == text
+    assert not ahead.ready
 
 
 def test_remote_client_without_the_folder(server, exported_locator, synthetic_slice, local_predictions, tmp_path):

@@ -93,11 +93,44 @@ def query_record(query: Query, source, store, ks: Sequence[int], granularity: st
     return record
 
 
-def make_stage(method: str, store, context: dict, ks: Sequence[int], granularity: str) -> Stage:
+class AheadOfTime:
+    """A served model-backed source asked for the next ``chunk`` queries at once, so the
+    server sees concurrent requests and batches them; one query at a time it idles between
+    them. ``predict`` then hands out one query's prediction and outcome, as the source
+    would. Only for servers: a local model's batched generation pads, and padding may move
+    a greedy answer."""
+
+    def __init__(self, source, queries: Sequence[Query], chunk: int = 32):
+        self.source, self.chunk = source, chunk
+        self.order = [q.key for q in queries]
+        self.at = {k: i for i, k in enumerate(self.order)}
+        self.by_key = {q.key: q for q in queries}
+        self.ready: dict = {}
+        self.last_outcomes: list = []
+
+    def predict(self, query: Query, store):
+        if query.key not in self.ready:
+            i = self.at[query.key]
+            keys = [k for k in self.order[i : i + self.chunk] if k not in self.ready]
+            preds = self.source.predict_batch([self.by_key[k].public() for k in keys], store, progress=False)
+            self.ready.update(zip(keys, zip(preds, self.source.last_outcomes)))
+        pred, outcome = self.ready.pop(query.key)
+        self.last_outcomes = [outcome]
+        return pred
+
+
+def served(source) -> bool:
+    client = getattr(source, "client", None)
+    return client is not None and client.backend.describe().get("backend") == "openai"
+
+
+def make_stage(method: str, store, context: dict, ks: Sequence[int], granularity: str, queries=()) -> Stage:
     from tider.locator.sources import make_source_from_context
 
     name, mode = parse_method(method)
     source = make_source_from_context(name, context)
+    if served(source) and queries:
+        source = AheadOfTime(source, queries)
     return Stage(f"retrieve-{method}", lambda query: query_record(query, source, store, ks, granularity, mode))
 
 
@@ -153,7 +186,7 @@ def run_retrieval_eval(
     context = {"store": store, "gold_by_key": gold_predictions(queries), "source_options": config.source_options}
     records = {}
     for method in config.methods:
-        stage = make_stage(method, store, context, config.ks, dataset.granularity)
+        stage = make_stage(method, store, context, config.ks, dataset.granularity, queries)
         records[method] = runner.run(stage, queries, key=lambda q: q.key, progress=progress)
         runner.raise_if_failed(stage.name)
     report = build_report(records, config.ks, config.mcnemar_k)

@@ -174,7 +174,7 @@ class ChatWindowSource(BaseSource):
             for q, v in zip(publics, vectors)
         ]
 
-    def predict_batch(self, queries: Sequence[Query], store) -> list[WindowPrediction]:
+    def predict_batch(self, queries: Sequence[Query], store, progress: bool | None = None) -> list[WindowPrediction]:
         if not queries:
             return []
         memories = [store.messages(q.memory_key) for q in queries]
@@ -191,7 +191,7 @@ class ChatWindowSource(BaseSource):
             granularity,
             memory_spans=[m.span for m in memories],
             max_tokens=self.max_tokens,
-            progress=len(inputs) > 8,
+            progress=len(inputs) > 8 if progress is None else progress,
         )
         self.last_inputs, self.last_outcomes = inputs, outcomes
         for o in outcomes:

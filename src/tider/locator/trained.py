@@ -190,7 +190,7 @@ def make_served_locator(
     cache_path: str | None = None,
     settings: PromptSettings | None = None,
     max_tokens: int | None = None,
-    concurrency: int = 4,
+    concurrency: int = 16,
 ) -> ChatWindowSource:
     """The trained locator behind an OpenAI-compatible endpoint, as a window source."""
     name, meta, tokenizer = served_locator_settings(
