@@ -48,12 +48,12 @@ def test_schema_is_created_and_versioned_by_code(server):
     TemporalMemory(url, name="a", embedder=NoEmbedder()).close()
     TemporalMemory(url, name="b", embedder=NoEmbedder()).close()  # already migrated: nothing applied twice
     with psycopg.connect(url, autocommit=True) as conn:
-        assert conn.execute("SELECT version FROM tider_schema").fetchall() == [(1,)]
+        assert conn.execute("SELECT version FROM tider_schema").fetchall() == [(1,), (2,)]
         conn.execute("INSERT INTO tider_schema (version, description) VALUES (99, 'from the future')")
     from tider.memory.pg import pool
 
     pool._POOLS.clear()  # a new process would open a new pool: it must refuse a schema it does not know
-    with pytest.raises(StoreError, match="version 99, this tider knows up to 1: upgrade tider"):
+    with pytest.raises(StoreError, match="version 99, this tider knows up to 2: upgrade tider"):
         TemporalMemory(url, name="a", embedder=NoEmbedder())
 
 
@@ -120,6 +120,33 @@ def test_hnsw_path_is_used_and_agrees(server):
     assert f"tider_hnsw_{row.id}" in plan, plan
     for got, want in ((answers(mem, False), answers(shallow, False)), (answers(deep, False), answers(exact, True))):
         assert np.mean([overlap(g, w) for (g, _), (w, _) in zip(got, want)]) >= 0.9
+
+
+def test_lexical_list_beside_the_walk_reads_the_search_snapshot(server):
+    """On the HNSW path the lexical list runs on a second pooled connection that imports
+    the search's snapshot: an add committed after the search began is seen by neither
+    connection, and both lists are those of a one-connection search."""
+    from tider.memory.pg import rank as sql
+
+    msgs, vecs = records(1200)
+    url, forced = server.database(), RetrievalConfig(hnsw_min_messages=0)
+    mem = TemporalMemory(url, name="side", config=forced, embedder=NoEmbedder())
+    mem.add(msgs[:1000], vectors=vecs[:1000])
+    writer = TemporalMemory(url, name="side", embedder=NoEmbedder())
+    text, asked, vec, _ = queries()[1]
+    with mem._read() as snap:
+        writer.add(msgs[1000:], vectors=vecs[1000:])  # committed mid-search
+        cut = sql.cut_at(snap.conn, snap.row, asked)
+        with mem._side(snap, True) as side:
+            assert side is not None  # the pool grows to give one
+            count = "SELECT count(*) FROM tider_messages WHERE memory_id = %s"
+            assert side.execute(count, (snap.row.id,)).fetchone()[0] == 1000
+            args = (snap.row, text, vec, "hybrid", cut, asked, True, mem.config, mem.pg)
+            both = sql.candidates(snap.conn, *args, side)
+        alone = sql.candidates(snap.conn, *args)
+    assert len(writer) == 1200
+    assert np.array_equal(both.ids, alone.ids) and np.array_equal(both.sim, alone.sim)
+    mem.close(), writer.close()
 
 
 def test_nothing_after_asked_at_and_bad_input(server):

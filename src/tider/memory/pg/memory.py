@@ -134,6 +134,28 @@ class PostgresMemory(TemporalMemory):
                 if not conn.closed:
                     conn.execute("ROLLBACK")
 
+    @contextlib.contextmanager
+    def _side(self, snap: Snapshot, wanted: bool):
+        """A second connection reading ``snap``'s snapshot, for the lexical list to run
+        beside the dense walk; None when not ``wanted`` or the pool has none free."""
+        if not wanted:
+            yield None
+            return
+        with self.pool.spare() as conn:
+            if conn is None:
+                yield None
+                return
+            from psycopg import sql as pgsql
+
+            exported = snap.conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                conn.execute(pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(pgsql.Literal(exported)))
+                yield conn
+            finally:
+                if not conn.closed:
+                    conn.execute("ROLLBACK")
+
     def _reading(self):
         return self._read()
 
@@ -217,9 +239,11 @@ class PostgresMemory(TemporalMemory):
                 if query_vector is not None
                 else self.embed_queries([query.text])[0]
             )
-        found = sql.candidates(
-            snap.conn, snap.row, query.text, vector, mode, cut, self._asked(query.asked_at), hnsw, self.config, self.pg
-        )
+        asked = self._asked(query.asked_at)
+        with self._side(snap, hnsw and mode == "hybrid") as side:
+            found = sql.candidates(
+                snap.conn, snap.row, query.text, vector, mode, cut, asked, hnsw, self.config, self.pg, side
+            )
         with self._cache_lock:
             self._semantic[key] = found
             while self._semantic and len(self._semantic) * 2 * self.config.rrf_depth > self.cache_elements:

@@ -99,6 +99,30 @@ class SharedPool:
         except (PoolTimeout, PoolClosed, psycopg.OperationalError, psycopg.InterfaceError) as err:
             raise self.unavailable(err) from None
 
+    @contextlib.contextmanager
+    def spare(self, wait_s: float = 0.05) -> Iterator:
+        """A second connection for a search that holds one, or None when the pool has none
+        to give within ``wait_s`` (a full pool, or one still growing): such a search never
+        waits long, so threads that each hold one connection cannot starve each other."""
+        import psycopg
+        from psycopg_pool import PoolClosed, PoolTimeout
+
+        stats = self.pool.get_stats()
+        if stats.get("pool_available", 0) == 0 and stats.get("pool_size", 0) >= self.config.pool_max:
+            yield None
+            return
+        try:
+            conn = self.pool.getconn(timeout=wait_s)
+        except (PoolTimeout, PoolClosed):
+            yield None
+            return
+        try:
+            yield conn
+        except (psycopg.OperationalError, psycopg.InterfaceError) as err:
+            raise self.unavailable(err) from None
+        finally:
+            self.pool.putconn(conn)
+
     def reachable(self, timeout_s: float = 2.0) -> bool:
         """Whether the server answers ``SELECT 1`` within ``timeout_s`` (for /health)."""
         import psycopg

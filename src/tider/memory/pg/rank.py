@@ -13,12 +13,17 @@ Per query, in one read-only snapshot:
   0, as the embedded store's rank of a score vector does;
 - window ranges: each window's first and last position, two index probes per window.
 
+On the HNSW path the lexical list runs on a second connection that shares the snapshot
+(``pg_export_snapshot``), at the same time as the dense walk: the two are the search's
+cost, and a server process each makes the search about as long as the longer one.
+
 Python then fuses, with the embedded store's own functions (``tider.memory.index``:
 ``fuse_lists``, ``semantic_top_k``, ``windowed_rank``), so equal lists give equal floats.
 """
 
 from __future__ import annotations
 
+from concurrent import futures
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -67,17 +72,20 @@ def cut_at(conn, row: MemoryRow, asked: datetime) -> int:
 def dense_sql(row: MemoryRow, hnsw: bool) -> str:
     """The dense channel's statement: parameters ``q``, ``asked``, ``depth``, ``m``. The
     HNSW form names the memory's partial expression index exactly (its id and the vector
-    dimension as literals), so the planner can use it."""
+    dimension as literals), so the planner can use it. The index holds half-precision
+    vectors (half the pages to walk: about a fifth faster at 100k messages); the walk's
+    candidates are scored on the stored float32 vectors."""
     if not hnsw:
         return (
             "SELECT pos, (embedding <#> %(q)s) AS d FROM tider_messages WHERE memory_id = %(m)s "
             "AND ts <= %(asked)s ORDER BY d, pos LIMIT %(depth)s"
         )
-    cast = f"::vector({int(row.dim)})"
+    dim = int(row.dim)
+    half = f"::halfvec({dim})"
     return (
-        f"SELECT pos, (embedding{cast} <#> %(q)s{cast}) FROM tider_messages "
+        f"SELECT pos, (embedding::vector({dim}) <#> %(q)s::vector({dim})) FROM tider_messages "
         f"WHERE memory_id = {int(row.id)} AND ts <= %(asked)s "
-        f"ORDER BY embedding{cast} <#> %(q)s{cast} LIMIT %(depth)s"
+        f"ORDER BY embedding{half} <#> %(q)s{half} LIMIT %(depth)s"
     )
 
 
@@ -89,8 +97,10 @@ def dense_list(conn, row: MemoryRow, vector: np.ndarray, asked: datetime, depth:
     params = {"q": np.ascontiguousarray(vector, dtype=np.float32), "m": row.id, "asked": asked, "depth": depth}
     if hnsw:
         ef = min(1000, int(np.ceil(depth * row.n / max(cut, 1))))
-        conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef),))
-        conn.execute("SET LOCAL enable_sort = off")  # the graph's own order, never a scan and sort
+        # enable_sort off: the graph's own order, never a scan and sort
+        conn.execute(
+            "SELECT set_config('hnsw.ef_search', %s, true), set_config('enable_sort', 'off', true)", (str(ef),)
+        )
         rows = conn.execute(dense_sql(row, True), params).fetchall()
         conn.execute("SET LOCAL enable_sort = on")
     else:
@@ -117,15 +127,28 @@ def lexical_top(conn, row: MemoryRow, text: str, asked: datetime, cut: int, conf
     return pos, scores
 
 
-def candidates(conn, row, text, vector, mode, cut, asked, hnsw, config: RetrievalConfig, pg: PostgresConfig):
-    """The query's window-independent part: ``tider.memory.index.Candidates``."""
+def candidates(conn, row, text, vector, mode, cut, asked, hnsw, config: RetrievalConfig, pg: PostgresConfig, side=None):
+    """The query's window-independent part: ``tider.memory.index.Candidates``. With ``side``
+    (a second connection in the same snapshot) the lexical list runs there meanwhile."""
     dense_pos = dense_scores = bm25_pos = bm25_scores = None
-    if mode in ("dense", "hybrid"):
-        depth = min(config.index_depth, config.rrf_depth, pg.hnsw_depth) if hnsw else config.rrf_depth
-        dense_pos, dense_scores = dense_list(conn, row, vector, asked, depth, hnsw, cut)
+    lexical = None
+    if mode == "hybrid" and side is not None:
+        lexical = _CHANNELS.submit(lexical_top, side, row, text, asked, cut, config, pg)
+    try:
+        if mode in ("dense", "hybrid"):
+            depth = min(config.index_depth, config.rrf_depth, pg.hnsw_depth) if hnsw else config.rrf_depth
+            dense_pos, dense_scores = dense_list(conn, row, vector, asked, depth, hnsw, cut)
+    finally:
+        if lexical is not None:
+            futures.wait([lexical])  # the side connection is in use until then
     if mode in ("bm25", "hybrid"):
-        bm25_pos, bm25_scores = lexical_top(conn, row, text, asked, cut, config, pg)
+        found = lexical.result() if lexical is not None else lexical_top(conn, row, text, asked, cut, config, pg)
+        bm25_pos, bm25_scores = found
     return indexed.fuse_lists(dense_pos, dense_scores, bm25_pos, bm25_scores, mode, config, cut)
+
+
+# The lexical lists that run beside a dense walk (one per concurrent search).
+_CHANNELS = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="tider-pg-lexical")
 
 
 def window_ranges(conn, row: MemoryRow, windows: tuple[Window, ...], cut: int) -> list[tuple[int, int]]:

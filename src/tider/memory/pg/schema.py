@@ -20,7 +20,9 @@ Tables (one row per memory / message / posting / term / timeline cluster):
 - ``tider_sum_float4``: an aggregate adding float32 in order, for BM25 sums.
 
 An HNSW index is created per memory when it grows past ``hnsw_min_messages``: a partial
-expression index ``tider_hnsw_<memory id>`` (``tider.memory.pg.write``).
+expression index ``tider_hnsw_<memory id>`` over the vectors cast to ``halfvec``
+(``tider.memory.pg.write``; step 2 dropped step 1's float32 ones). Until an add rebuilds a
+dropped one, that memory is searched on the exact path.
 """
 
 from __future__ import annotations
@@ -90,6 +92,18 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 PRIMARY KEY (memory_id, start_pos))""",
             # float32 addition in the order given: BM25 sums as bm25s does (tider.memory.pg.lexical)
             "CREATE AGGREGATE tider_sum_float4 (real) (SFUNC = float4pl, STYPE = real, INITCOND = '0')",
+        ],
+    ),
+    (
+        2,
+        "HNSW indexes over half-precision vectors: the float32 ones are dropped, the next add rebuilds each",
+        [
+            r"""DO $$ DECLARE r record; BEGIN
+                 FOR r IN SELECT indexname FROM pg_indexes
+                          WHERE tablename = 'tider_messages' AND indexname LIKE 'tider\_hnsw\_%' LOOP
+                   EXECUTE format('DROP INDEX %I', r.indexname);
+                 END LOOP;
+               END $$""",
         ],
     ),
 ]

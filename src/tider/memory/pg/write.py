@@ -268,7 +268,7 @@ def ensure_hnsw(conn, memory_id: int, dim: int, m: int, ef: int, maintenance_wor
         conn.execute("SET statement_timeout = 0")
         conn.execute(
             f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON tider_messages USING hnsw "
-            f"((embedding::vector({int(dim)})) vector_ip_ops) WITH (m = {int(m)}, "
+            f"((embedding::halfvec({int(dim)})) halfvec_ip_ops) WITH (m = {int(m)}, "
             f"ef_construction = {int(ef)}) WHERE memory_id = {int(memory_id)}"
         )
         return True
