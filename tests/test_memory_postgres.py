@@ -140,7 +140,7 @@ def test_lexical_list_beside_the_walk_reads_the_search_snapshot(server):
         with mem._side(snap, True) as side:
             assert side is not None  # the pool grows to give one
             count = "SELECT count(*) FROM tider_messages WHERE memory_id = %s"
-            assert side.execute(count, (snap.row.id,)).fetchone()[0] == 1000
+            assert side(lambda conn: conn.execute(count, (snap.row.id,)).fetchone()[0]) == 1000
             args = (snap.row, text, vec, "hybrid", cut, asked, True, mem.config, mem.pg)
             both = sql.candidates(snap.conn, *args, side)
         alone = sql.candidates(snap.conn, *args)

@@ -136,8 +136,10 @@ class PostgresMemory(TemporalMemory):
 
     @contextlib.contextmanager
     def _side(self, snap: Snapshot, wanted: bool):
-        """A second connection reading ``snap``'s snapshot, for the lexical list to run
-        beside the dense walk; None when not ``wanted`` or the pool has none free."""
+        """``run(fn, *args)``: ``fn(connection, *args)`` on a second connection reading
+        ``snap``'s snapshot, for the lexical list to run beside the dense walk (its
+        transaction opens and closes in the caller's thread, off the walk's path); None
+        when not ``wanted`` or the pool has no connection free."""
         if not wanted:
             yield None
             return
@@ -148,13 +150,19 @@ class PostgresMemory(TemporalMemory):
             from psycopg import sql as pgsql
 
             exported = snap.conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            try:
-                conn.execute(pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(pgsql.Literal(exported)))
-                yield conn
-            finally:
-                if not conn.closed:
-                    conn.execute("ROLLBACK")
+            begin = pgsql.SQL("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}").format(
+                pgsql.Literal(exported)
+            )
+
+            def run(fn, *args):
+                conn.execute(begin)
+                try:
+                    return fn(conn, *args)
+                finally:
+                    if not conn.closed:
+                        conn.execute("ROLLBACK")
+
+            yield run
 
     def _reading(self):
         return self._read()

@@ -73,8 +73,8 @@ def dense_sql(row: MemoryRow, hnsw: bool) -> str:
     """The dense channel's statement: parameters ``q``, ``asked``, ``depth``, ``m``. The
     HNSW form names the memory's partial expression index exactly (its id and the vector
     dimension as literals), so the planner can use it. The index holds half-precision
-    vectors (half the pages to walk: about a fifth faster at 100k messages); the walk's
-    candidates are scored on the stored float32 vectors."""
+    vectors: half the size, and its walk about a tenth faster at 100k messages
+    (docs/benchmarks.md); the walk's candidates are scored on the stored float32 vectors."""
     if not hnsw:
         return (
             "SELECT pos, (embedding <#> %(q)s) AS d FROM tider_messages WHERE memory_id = %(m)s "
@@ -129,18 +129,19 @@ def lexical_top(conn, row: MemoryRow, text: str, asked: datetime, cut: int, conf
 
 def candidates(conn, row, text, vector, mode, cut, asked, hnsw, config: RetrievalConfig, pg: PostgresConfig, side=None):
     """The query's window-independent part: ``tider.memory.index.Candidates``. With ``side``
-    (a second connection in the same snapshot) the lexical list runs there meanwhile."""
+    (``side(fn, *args)`` runs ``fn`` on a second connection in the same snapshot), the
+    lexical list runs there meanwhile."""
     dense_pos = dense_scores = bm25_pos = bm25_scores = None
     lexical = None
     if mode == "hybrid" and side is not None:
-        lexical = _CHANNELS.submit(lexical_top, side, row, text, asked, cut, config, pg)
+        lexical = _CHANNELS.submit(side, lexical_top, row, text, asked, cut, config, pg)
     try:
         if mode in ("dense", "hybrid"):
             depth = min(config.index_depth, config.rrf_depth, pg.hnsw_depth) if hnsw else config.rrf_depth
             dense_pos, dense_scores = dense_list(conn, row, vector, asked, depth, hnsw, cut)
     finally:
         if lexical is not None:
-            futures.wait([lexical])  # the side connection is in use until then
+            futures.wait([lexical])  # the side connection is in use until its transaction ends
     if mode in ("bm25", "hybrid"):
         found = lexical.result() if lexical is not None else lexical_top(conn, row, text, asked, cut, config, pg)
         bm25_pos, bm25_scores = found
