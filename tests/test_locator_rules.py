@@ -140,3 +140,18 @@ def test_cached_resolutions_of_an_older_resolver_are_not_reused(tmp_path):
     row["cues"] = [["last week", "2020-01-01T00:00:00", "2020-01-07T23:59:59.999999"]]
     path.write_text(json.dumps(row) + "\n")
     assert days(CueResolver(cache_path=path).resolve("the offsite last week", ASKED)) == [("2023-05-01", "2023-05-07")]
+
+
+def test_resolving_many_in_worker_processes_matches_one_by_one_and_is_cached(tmp_path, resolver):
+    phrases = ["last week", "two days ago", "in March", "since April 3", "yesterday", "on Sunday", "nothing dated"]
+    keys = [
+        (f"what did we say {phrases[i % len(phrases)]}?", ASKED - timedelta(days=i), ASKED - timedelta(days=400))
+        for i in range(130)  # two workers from 128 new questions on (64 each)
+    ]
+    path = tmp_path / "cues.jsonl"
+    many = CueResolver(cache_path=path)
+    assert many.resolve_many(keys + keys[:5], workers=2) == 130  # repeats count once
+    assert all(many.resolve(*k) == resolver.resolve(*k) for k in keys)
+    assert len(path.read_text().splitlines()) == 130
+    again = CueResolver(cache_path=path)
+    assert again.resolve_many(keys, workers=2) == 0

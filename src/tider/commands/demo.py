@@ -168,14 +168,18 @@ def _stage_data(args, out: Path, times: dict):
 
 
 def _stage_indexes(dataset, times: dict) -> None:
-    """2. Timeline and indexes (embeddings are cached on disk; training and evaluation reuse them)."""
-    t0 = _banner("2/7", "timeline + BM25/faiss indexes")
+    """2. Timeline and indexes, query embeddings and time expressions (cached on disk;
+    training and evaluation reuse them)."""
+    t0 = _banner("2/7", "timeline + BM25/faiss indexes + time expressions")
+    from tider.locator.rules import prepare_cues, shared_resolver
     from tider.memory import MemoryCollection
 
     store = MemoryCollection(dataset.memories)
     store.prepare(dataset.queries)
     n_entries = sum(len(store.timeline(k)) for k in dataset.memories)
     print(f"timeline: {n_entries} event clusters over {len(dataset.memories)} memories")
+    resolved = prepare_cues(shared_resolver(), dataset.queries, dataset.memories)
+    print(f"time expressions: {len(dataset.queries)} questions ({resolved} resolved now, the rest cached)")
     _done(t0, times, "indexes")
 
 

@@ -31,7 +31,8 @@ What this module adds is only what the library leaves open:
 2023-05-07``) and what ``{"cue": 1}`` in a locator answer refers to. The ``rules`` source
 turns every cue into a window, widened by ``pad_days``; no cue means ``temporal=false``.
 Resolution costs ~20-50 ms a question in pure Python, so results are memoised per
-(text, reference time).
+(text, reference time), kept on disk, and a batch of new questions is resolved on every
+core (``prepare_cues``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -255,6 +256,28 @@ class CueResolver:
             self._store(key, self._memo[key])
         return self._memo[key]
 
+    def resolve_many(self, keys: Iterable[tuple[str, datetime, datetime]], workers: int | None = None) -> int:
+        """Resolve the ``(text, asked_at, floor)`` keys not known yet, in ``workers``
+        processes (default: one per core, at most 8); returns how many were new. The library
+        is single-threaded Python, and a training run meets thousands of new questions at
+        once (a fresh checkout resolves the demo's 2,200 in about half the time on 2 cores)."""
+        todo = list(dict.fromkeys(k for k in keys if k not in self._memo))
+        workers = min(workers or os.cpu_count() or 1, 8, max(1, len(todo) // 64))
+        if workers <= 1:
+            for key in todo:
+                self.resolve(*key)
+            return len(todo)
+        import multiprocessing
+
+        parts = [(self.culture, todo[i::workers]) for i in range(workers)]
+        # spawn, not fork: the caller may hold torch's thread pools, which a forked child inherits broken
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            for part in pool.imap_unordered(_resolve_part, parts):
+                for key, cues in part:
+                    self._memo[key] = cues
+                    self._store(key, cues)
+        return len(todo)
+
     def _resolve(self, text: str, asked_at: datetime, floor: datetime) -> list[TimeCue]:
         found = [_Found.of(r) for r in self._parse(text, asked_at)]
         cues: list[TimeCue] = []
@@ -290,9 +313,28 @@ def query_cues(resolver: CueResolver, query: Query, memory: Memory) -> tuple[Tim
     span = visible_span(memory, query.asked_at)
     if span is None:
         return ()
-    cues = resolver.resolve(query.text, query.asked_at, floor=span.start)
+    cues = resolver.resolve(*cue_key(query, memory))
     clipped = (c.clip(span.start, span.end) for c in cues)
     return tuple(c for c in clipped if c is not None)
+
+
+def _resolve_part(job: tuple[str, list]) -> list:
+    """A worker of ``CueResolver.resolve_many``: its own recognizer, no cache file."""
+    culture, keys = job
+    resolver = CueResolver(culture)
+    return [(key, resolver.resolve(*key)) for key in keys]
+
+
+def cue_key(query: Query, memory: Memory) -> tuple[str, datetime, datetime] | None:
+    """What ``query_cues`` resolves for ``query``; None when nothing was said by then."""
+    span = visible_span(memory, query.asked_at)
+    return None if span is None else (query.text, query.asked_at, span.start)
+
+
+def prepare_cues(resolver: CueResolver, queries: Iterable[Query], memories: dict, workers: int | None = None) -> int:
+    """Resolve the time expressions of ``queries`` ahead, on every core (``resolve_many``)."""
+    keys = (cue_key(q, memories[q.memory_key]) for q in queries if q.memory_key in memories)
+    return resolver.resolve_many([k for k in keys if k is not None], workers)
 
 
 _SHARED: CueResolver | None = None

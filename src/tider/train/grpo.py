@@ -79,6 +79,28 @@ def prepare_vllm_colocate_on_cpu(training_args) -> None:
         )
     sys.modules.setdefault("numba", None)  # `import numba` now raises ImportError; bm25s falls back to numpy
     compute_cpu_linears_on_live_weights()
+    eager_colocated_engine()
+
+
+def eager_colocated_engine() -> None:
+    """TRL builds the colocated engine with vLLM's defaults, which compile the model first
+    (a torch.compile warm-up of ~40 s on this 2-core CPU in a fresh checkout). Served on CPU, the locator already runs eager
+    (``tider demo`` passes ``--enforce-eager``): a small model gains nothing a step from
+    compiling. TRL has no option for it, so the engine class it builds is given the default."""
+    from trl.generation import vllm_generation
+
+    base = vllm_generation.LLM
+    if getattr(base, "tider_eager", False):
+        return
+
+    class EagerLLM(base):
+        tider_eager = True
+
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("enforce_eager", True)
+            super().__init__(*args, **kwargs)
+
+    vllm_generation.LLM = EagerLLM
 
 
 def compute_cpu_linears_on_live_weights() -> None:

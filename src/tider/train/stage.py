@@ -46,12 +46,14 @@ def prepare(
     ``store`` (a ``tider.memory.MemoryCollection``) is built once here and shared by prompts and rewards."""
     from transformers import AutoTokenizer
 
+    from tider.locator.rules import prepare_cues
     from tider.memory import MemoryCollection
 
     dataset = dataset or load_training_dataset(script_args)
     store = store or MemoryCollection(dataset.memories)
     builder = PromptBuilder(dataset, store, settings=script_args.prompt_settings())
     store.prepare(dataset.queries)  # one batched encode of every question the prompts need
+    prepare_cues(builder.resolver, dataset.queries, dataset.memories)  # and their time expressions, on every core
     if script_args.tiny_model:
         with main_process_first(training_args, "tiny model"):
             ensure_tiny_model(script_args, model_path, dataset, builder)

@@ -97,12 +97,14 @@ def dense_list(conn, row: MemoryRow, vector: np.ndarray, asked: datetime, depth:
     params = {"q": np.ascontiguousarray(vector, dtype=np.float32), "m": row.id, "asked": asked, "depth": depth}
     if hnsw:
         ef = min(1000, int(np.ceil(depth * row.n / max(cut, 1))))
-        # enable_sort off: the graph's own order, never a scan and sort
-        conn.execute(
-            "SELECT set_config('hnsw.ef_search', %s, true), set_config('enable_sort', 'off', true)", (str(ef),)
-        )
-        rows = conn.execute(dense_sql(row, True), params).fetchall()
-        conn.execute("SET LOCAL enable_sort = on")
+        with conn.pipeline():  # one round trip for the three statements
+            # enable_sort off: the graph's own order, never a scan and sort
+            conn.execute(
+                "SELECT set_config('hnsw.ef_search', %s, true), set_config('enable_sort', 'off', true)", (str(ef),)
+            )
+            walk = conn.execute(dense_sql(row, True), params)
+            conn.execute("SET LOCAL enable_sort = on")
+        rows = walk.fetchall()
     else:
         rows = conn.execute(dense_sql(row, False), params).fetchall()
     pos = np.array([r[0] for r in rows], dtype=np.int64)
