@@ -84,9 +84,10 @@ def prepare_vllm_colocate_on_cpu(training_args) -> None:
 
 def eager_colocated_engine() -> None:
     """TRL builds the colocated engine with vLLM's defaults, which compile the model first
-    (a torch.compile warm-up of ~40 s on this 2-core CPU in a fresh checkout). Served on CPU, the locator already runs eager
-    (``tider demo`` passes ``--enforce-eager``): a small model gains nothing a step from
-    compiling. TRL has no option for it, so the engine class it builds is given the default."""
+    (a torch.compile warm-up of ~40 s on this 2-core CPU in a fresh checkout). Served on
+    CPU, the locator already runs eager (``tider demo`` passes ``--enforce-eager``): a small
+    model gains nothing a step from compiling. TRL has no option for it, so the engine class
+    it builds is given the default."""
     from trl.generation import vllm_generation
 
     base = vllm_generation.LLM
