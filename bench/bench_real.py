@@ -109,8 +109,7 @@ def held_out(args, out: Path, grpo, dataset, store, queries) -> dict:
     names, weights = list(g_args.reward_funcs), [float(w) for w in g_train.reward_weights]
     result = {}
     greedy = {
-        stage: held_out_rewards(out / stage, queries, dataset, store, names, weights, g_args.target_rule)[0]
-        for stage in ("sft", "grpo")
+        stage: held_out_rewards(out / stage, queries, dataset, store, names, weights)[0] for stage in ("sft", "grpo")
     }
     diffs = [b["composite"] - a["composite"] for a, b in zip(greedy["sft"], greedy["grpo"])]
     result["greedy"] = {
@@ -120,15 +119,7 @@ def held_out(args, out: Path, grpo, dataset, store, queries) -> dict:
     if args.held_out_samples:
         sampled = {
             stage: sampled_rewards(
-                out / stage,
-                queries,
-                dataset,
-                store,
-                names,
-                weights,
-                args.held_out_samples,
-                g_train.temperature,
-                target_rule=g_args.target_rule,
+                out / stage, queries, dataset, store, names, weights, args.held_out_samples, g_train.temperature
             )
             for stage in ("sft", "grpo")
         }

@@ -116,16 +116,17 @@ def benchmark_split(checkpoint, design: str = "shipped"):
     return g_args, g_train, dataset, store, splits
 
 
-def reward_columns(queries, tables, dataset, store, target_rule: str = "gold") -> dict:
-    """The columns TRL passes the rewards for these prompts (``tider.train.examples``), with
-    the targets of the recipe's ``target_rule``."""
+def reward_columns(queries, tables, dataset, store) -> dict:
+    """The columns TRL passes the rewards for these prompts (``tider.train.examples``)."""
     from tider.train.examples import PromptBuilder, as_columns
+    from tider.train.examples import reward_columns as columns_of
 
-    builder = PromptBuilder(dataset, store, target_rule=target_rule)  # what switch and window_iou score against
-    return as_columns([builder.columns(q, t) for q, t in zip(queries, tables)])
+    builder = PromptBuilder(dataset, store)  # the targets switch and window_iou score against
+    g = dataset.granularity
+    return as_columns([columns_of(q, t, g, builder.target(q, t)) for q, t in zip(queries, tables)])
 
 
-def prompted(model: str, queries, dataset, store, names, weights, target_rule: str = "gold"):
+def prompted(model: str, queries, dataset, store, names, weights):
     """``model``'s locator source, its prompts for ``queries``, and ``score(texts, queries,
     tables)``: each reward of those completions by name, and their weighted ``composite``
     (the recipe's reward_weights)."""
@@ -137,28 +138,19 @@ def prompted(model: str, queries, dataset, store, names, weights, target_rule: s
     fns = make_rewards(names, RewardContext(dataset=dataset, store=store, k=20))
 
     def score(texts, qs, ts) -> dict[str, np.ndarray]:
-        scores = reward_scores(fns, texts, reward_columns(qs, ts, dataset, store, target_rule))
+        scores = reward_scores(fns, texts, reward_columns(qs, ts, dataset, store))
         return {**scores, "composite": sum(float(w) * scores[n] for n, w in zip(names, weights))}
 
     return source, tables, score
 
 
 def sampled_rewards(
-    model_dir: Path,
-    queries,
-    dataset,
-    store,
-    names,
-    weights,
-    samples: int,
-    temperature: float,
-    seed: int = 1,
-    target_rule: str = "gold",
+    model_dir: Path, queries, dataset, store, names, weights, samples: int, temperature: float, seed: int = 1
 ) -> dict[str, np.ndarray]:
     """Per query, each reward and the composite averaged over ``samples`` completions at
     ``temperature``: the policy's expected reward, which is what GRPO maximizes (serving
     decodes greedily)."""
-    source, tables, score = prompted(str(model_dir), queries, dataset, store, names, weights, target_rule)
+    source, tables, score = prompted(str(model_dir), queries, dataset, store, names, weights)
     rep = [t for t in tables for _ in range(samples)]
     drawn = source.client.backend.generate_batch(
         [t.messages for t in rep], max_tokens=64, temperature=temperature, seed=seed
@@ -167,9 +159,7 @@ def sampled_rewards(
     return {k: v.reshape(len(queries), samples).mean(axis=1) for k, v in scores.items()}
 
 
-def held_out_rewards(
-    model_dir: Path, queries, dataset, store, reward_names, weights, target_rule: str = "gold"
-) -> tuple[list[dict], list[str]]:
+def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, weights) -> tuple[list[dict], list[str]]:
     """Greedy completions of ``model_dir`` on ``queries``, scored by the GRPO rewards."""
     from tider.locator.sources import make_source
     from tider.train.rewards import RewardContext, make_rewards, reward_scores
@@ -182,7 +172,7 @@ def held_out_rewards(
         texts += [o.text for o in source.last_outcomes]
         tables += source.last_inputs
     fns = make_rewards(reward_names, RewardContext(dataset=dataset, store=store, k=20))
-    scores = reward_scores(fns, texts, reward_columns(queries, tables, dataset, store, target_rule))
+    scores = reward_scores(fns, texts, reward_columns(queries, tables, dataset, store))
     rows = []
     for i, q in enumerate(queries):
         row = {"query": q.key, "type": q.category, **{f"r/{k}": float(v[i]) for k, v in scores.items()}}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -101,46 +100,6 @@ def test_records_carry_gold_only_in_completion_and_columns(small):
         if q.gold.answer and len(q.gold.answer) > 6:
             assert q.gold.answer not in prompt_text.split("Timeline:")[0]  # the question block never holds the answer
     assert 0 < committed < len(queries)  # both kinds of target occur
-
-
-def test_the_gain_target_is_the_answer_that_retrieves_most_else_the_top_hit_else_no_window(small):
-    from tider.locator.parse import parse_prediction
-    from tider.scoring import evidence_gain
-    from tider.train.examples import line_refs
-    from tider.types import NON_TEMPORAL
-
-    ds, store = small
-    builder = PromptBuilder(ds, store, target_rule="gain")
-    gold_rule = PromptBuilder(ds, store)
-    kinds = Counter()
-    for q in [q for q in ds.queries if q.gold.evidence_ids][:40]:
-        table = builder.build(q)
-        base = store.retrieve(q.public(), NON_TEMPORAL)[0]
-
-        def gain(answer, q=q, table=table, base=base):
-            parsed = parse_prediction(json.dumps(answer), granularity="day", refs=table)
-            return evidence_gain(store.retrieve(q.public(), parsed.prediction)[0], base, q.gold.evidence_ids, 5)
-
-        target, gold = builder.target(q, table), gold_rule.target(q, table)
-        lines = [gain({"temporal": True, "windows": [ref]}) for ref in line_refs(table)]
-        best = max(lines + [gain(gold) if gold["temporal"] else 0.0])
-        if best > 0:  # the most evidence any answer the prompt can express retrieves
-            assert target["temporal"] and gain(target) == best
-            kinds["gains"] += 1
-        elif target["temporal"]:  # nothing retrieves more: the top hit's line, which costs nothing
-            assert target == {"temporal": True, "windows": [{"mark": "H1"}]} and gain(target) == 0
-            kinds["top hit"] += 1
-        else:  # the top hit's line would cost recall (or there is none)
-            assert not any(m == "H1" for m, _ in table.marks) or lines[dict(table.marks)["H1"] - 1] < 0
-            kinds["no window"] += 1
-        kinds["differs from gold"] += target != gold
-        columns = builder.columns(q, table)  # GRPO's window_iou scores against the target's own windows
-        parsed = parse_prediction(json.dumps(target), granularity="day", refs=table)
-        assert len(columns["gold_windows"]) == (len(parsed.prediction.windows) if target["temporal"] else 0)
-        assert columns["n_gold_windows"] == len(q.gold.windows)  # DAR's bucket stays the data's
-    assert kinds["gains"] and kinds["top hit"] and kinds["differs from gold"]
-    with pytest.raises(ValueError, match="target rule 'best'"):
-        PromptBuilder(ds, store, target_rule="best")
 
 
 def test_gold_answer_points_at_the_tightest_reference():

@@ -65,13 +65,6 @@ class LocatorScriptArguments:
         default=PromptSettings().max_prompt_tokens,
         metadata={"help": "Prompt token budget; the least-needed timeline lines are dropped to fit."},
     )
-    target_rule: str = field(
-        default="gold",
-        metadata={
-            "help": "What the locator is trained towards: gold (the gold windows) or gain (the answer "
-            "that retrieves the most evidence, else the top hit's line; tider.train.examples.PromptBuilder)."
-        },
-    )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Cap on training prompts (after DAR for GRPO)."}
     )

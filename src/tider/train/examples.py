@@ -108,16 +108,6 @@ def _iou(a, b, granularity) -> float:
     return window_iou([a], [b], granularity)
 
 
-def line_refs(table) -> list[dict]:
-    """One reference to each shown line: its first mark when it has one (the same tokens in
-    every prompt), else its number."""
-    refs = []
-    for k in range(1, len(table.lines) + 1):
-        labels = [m for m, line in table.marks if line == k]
-        refs.append({"mark": labels[0]} if labels else {"entry": k})
-    return refs
-
-
 def gold_answer(query: Query, table, granularity) -> dict:
     """The gold windows as references into one prompt's table: each gold window as the
     reference that covers it best — the cue when it is at least as tight as the best line
@@ -136,7 +126,8 @@ def gold_answer(query: Query, table, granularity) -> dict:
         if cue_iou > 0 and cue_iou >= line_iou:
             ref = {"cue": cue + 1}
         elif line_iou > 0:
-            ref = line_refs(table)[line]
+            labels = [m for m, k in table.marks if k == line + 1]
+            ref = {"mark": labels[0]} if labels else {"entry": line + 1}
         else:
             continue
         if ref not in windows:
@@ -147,37 +138,24 @@ def gold_answer(query: Query, table, granularity) -> dict:
 ABSTAIN = {"temporal": False, "windows": []}
 
 
-TARGETS = ("gold", "gain")
-
-
 class PromptBuilder:
     """Builds locator prompts and their targets for a dataset from a ``MemoryStore`` (so
     prompts and retrieval rewards see the same timeline and embeddings): the timeline as of
     each question's ``asked_at``, its resolved time cues, the chosen lines, and token-budget
     truncation with the policy's tokenizer. ``build(query)`` returns the ``LocatorInput``
     (messages + the table references resolve against); ``target(query, table)`` the answer
-    the locator is trained towards (``target_rule``: ``gold`` or ``gain``, see ``target``)."""
+    the locator is trained towards."""
 
     def __init__(
-        self,
-        dataset: Dataset,
-        store,
-        *,
-        tokenizer=None,
-        settings: PromptSettings | None = None,
-        resolver=None,
-        target_rule: str = "gold",
+        self, dataset: Dataset, store, *, tokenizer=None, settings: PromptSettings | None = None, resolver=None
     ):
         from tider.locator.rules import shared_resolver
 
-        if target_rule not in TARGETS:
-            raise ValueError(f"target rule {target_rule!r}: choose one of {', '.join(TARGETS)}")
         self.dataset = dataset
         self.store = store
         self.tokenizer = tokenizer
         self.settings = settings or PromptSettings()
         self.resolver = resolver or shared_resolver()
-        self.target_rule = target_rule
 
     def build(self, query: Query):
         from tider.locator.rules import query_cues
@@ -188,59 +166,18 @@ class PromptBuilder:
         return locator_input(public, self.store, cues, self.settings, query_vector=vector, tokenizer=self.tokenizer)
 
     def target(self, query: Query, table) -> dict:
-        """The answer the locator is trained towards.
-
-        ``gold``: the gold windows as references (``gold_answer``), unless they would
-        retrieve less of the evidence than no window does (then "no window"). Where the
-        gold windows add nothing, pointing at them is still right and costs nothing.
-
-        ``gain``: the answer the prompt can express that retrieves the most evidence: the
-        gold windows or one shown line. Where nothing retrieves more than no window does
-        (most real questions: the semantic channel alone already finds or cannot find the
-        evidence), the line of the top search hit (``H1``) when it costs nothing, else "no
-        window". On real conversations a gold line with no evidence signal on it is noise
-        to a small model, and the ``gold`` rule taught it to point somewhere on almost
-        every question; this rule teaches the retriever's own top day as the default, a
-        move away from it only where another line retrieves more, and no window where
-        the default would cost recall (docs/experiments.md, "Training targets")."""
+        """The gold windows as references (``gold_answer``), unless they would retrieve less
+        of the evidence than no window does (then "no window"). Where the gold windows add
+        nothing, pointing at them is still right and costs nothing; the locator learns to
+        abstain where it cannot point at the evidence or where pointing at it hurts."""
         answer = gold_answer(query, table, self.dataset.granularity)
-        if not query.gold.evidence_ids or (self.target_rule == "gold" and not answer["temporal"]):
+        if not answer["temporal"] or not query.gold.evidence_ids:
             return answer
-        gain = self._gains(query, table)
-        if self.target_rule == "gold":
-            return answer if gain(answer) >= 0 else ABSTAIN
-        candidates = [answer] if answer["temporal"] else []
-        candidates += [{"temporal": True, "windows": [ref]} for ref in line_refs(table)]
-        scored = [(gain(c), -i, c) for i, c in enumerate(candidates)]  # ties: gold first, then line order
-        best = max(scored, key=lambda s: s[:2], default=(0.0, 0, ABSTAIN))
-        if best[0] > 0:
-            return best[2]
-        top = {"temporal": True, "windows": [{"mark": "H1"}]}
-        return top if any(m == "H1" for m, _ in table.marks) and gain(top) >= 0 else ABSTAIN
-
-    def _gains(self, query: Query, table):
-        """``gain(answer)``: the evidence ``answer`` retrieves beyond no window (``evidence_gain``, at k)."""
+        parsed = parse_prediction(json.dumps(answer), granularity=self.dataset.granularity, refs=table)
         k = self.store.config.k
         public = query.public()
-        base = self.store.retrieve(public, NON_TEMPORAL, k)[0]
-
-        def gain(answer: dict) -> float:
-            parsed = parse_prediction(json.dumps(answer), granularity=self.dataset.granularity, refs=table)
-            got = self.store.retrieve(public, parsed.prediction, k)[0]
-            return evidence_gain(got, base, query.gold.evidence_ids, k)
-
-        return gain
-
-    def columns(self, query: Query, table) -> dict:
-        """The GRPO reward columns of one prompt (``reward_columns``). Under the ``gain`` rule
-        ``window_iou`` scores against the target's own windows (the lines it points at), so
-        that GRPO rewards what SFT teaches; under ``gold``, against the data's gold windows."""
-        g = self.dataset.granularity
-        target = self.target(query, table)
-        if self.target_rule == "gold" or not target["temporal"]:
-            return reward_columns(query, table, g, target)
-        parsed = parse_prediction(json.dumps(target), granularity=g, refs=table)
-        return reward_columns(query, table, g, target, windows=parsed.prediction.windows)
+        base, got = (self.store.retrieve(public, p, k)[0] for p in (NON_TEMPORAL, parsed.prediction))
+        return answer if evidence_gain(got, base, query.gold.evidence_ids, k) >= 0 else ABSTAIN
 
     def messages(self, query: Query) -> list[dict]:
         return self.build(query).messages
@@ -262,19 +199,12 @@ def sft_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
     return records
 
 
-def reward_columns(q: Query, table, granularity, target: dict, windows: Sequence | None = None) -> dict:
+def reward_columns(q: Query, table, granularity, target: dict) -> dict:
     """The columns the GRPO rewards read for one prompt (TRL passes extra dataset columns
     as kwargs): the prompt's reference table (``refs``) and the labels. ``switch`` and
     ``window_iou`` score against the target (``PromptBuilder.target``): where no window
-    pays, "no window" is right; ``window_iou`` against ``windows``, the data's gold windows
-    unless given (``PromptBuilder.columns``); ``n_gold_windows`` (DAR's bucket) is the
-    data's count."""
-
-    def spans(ws) -> list[list[str]]:
-        return [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in ws]
-
-    gold = spans(q.gold.windows)
-    scored = gold if windows is None else spans(windows)
+    pays, "no window" is right; ``n_gold_windows`` (DAR's bucket) is the data's count."""
+    windows = [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in q.gold.windows]
     return {
         "refs": table.refs_json(granularity),
         "query_key": q.key,
@@ -282,8 +212,8 @@ def reward_columns(q: Query, table, granularity, target: dict, windows: Sequence
         "category": q.category or "",
         "granularity": granularity,
         "gold_temporal": bool(target["temporal"]),
-        "gold_windows": scored if target["temporal"] else [],
-        "n_gold_windows": len(gold) if q.gold.temporal else 0,
+        "gold_windows": windows if target["temporal"] else [],
+        "n_gold_windows": len(windows) if q.gold.temporal else 0,
         "evidence_ids": list(q.gold.evidence_ids),
         "answer": q.gold.answer or "",
     }
@@ -298,10 +228,11 @@ def as_columns(records: Sequence[dict], repeat: int = 1) -> dict:
 
 def grpo_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
     """GRPO prompts plus the columns the rewards read (``reward_columns``)."""
+    g = builder.dataset.granularity
     records = []
     for q in queries:
         table = builder.build(q)
-        records.append({"prompt": table.messages, **builder.columns(q, table)})
+        records.append({"prompt": table.messages, **reward_columns(q, table, g, builder.target(q, table))})
     return records
 
 
