@@ -286,3 +286,13 @@ def write_real_like(out):
             json.dumps({"_metadata": {"person_name": name}, "dialogues": sessions})
         )
     return locomo, folder
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory):
+    """A real PostgreSQL with pgvector for one test module (``pgtesting.LocalServer``)."""
+    from pgtesting import LocalServer
+
+    server = LocalServer(tmp_path_factory.mktemp("pg") / "data")
+    yield server
+    server.close()

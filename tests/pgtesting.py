@@ -53,3 +53,8 @@ class LocalServer:
         self.server.cleanup_mode = None  # stopped above (pgserver would try the pid it started)
         with contextlib.suppress(Exception):
             self.server.cleanup()
+
+
+def overlap(a: list, b: list) -> float:
+    """Share of ``a`` also in ``b`` (top-k agreement of two backends)."""
+    return len(set(a) & set(b)) / max(len(a), 1)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pgtesting import LocalServer
+from pgtesting import LocalServer, overlap
 from test_memory import DIM, T0, NoEmbedder, answers, queries, records
 
 from tider.memory import MemoryInputError, StoreError, TemporalMemory
@@ -30,21 +30,10 @@ from tider.types import NON_TEMPORAL, Window, WindowPrediction
 TESTS = str(Path(__file__).resolve().parent)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = LocalServer(tmp_path_factory.mktemp("pg") / "data")
-    yield srv
-    srv.close()
-
-
-def overlap(a: list, b: list) -> float:
-    return len(set(a) & set(b)) / max(len(a), 1)
-
-
-def test_schema_is_created_and_versioned_by_code(server):
+def test_schema_is_created_and_versioned_by_code(postgres):
     import psycopg
 
-    url = server.database()
+    url = postgres.database()
     TemporalMemory(url, name="a", embedder=NoEmbedder()).close()
     TemporalMemory(url, name="b", embedder=NoEmbedder()).close()  # already migrated: nothing applied twice
     with psycopg.connect(url, autocommit=True) as conn:
@@ -57,16 +46,16 @@ def test_schema_is_created_and_versioned_by_code(server):
         TemporalMemory(url, name="a", embedder=NoEmbedder())
 
 
-def test_nothing_after_asked_at_and_bad_input(server):
+def test_nothing_after_asked_at_and_bad_input(postgres):
     msgs, vecs = records(600)
-    mem = TemporalMemory(server.database(), name="past", embedder=NoEmbedder())
+    mem = TemporalMemory(postgres.database(), name="past", embedder=NoEmbedder())
     with pytest.raises(MemoryInputError) as err:
         mem.add([msgs[0], {"text": "x"}], vectors=vecs[:2])
     assert err.value.field == "messages[1].timestamp" and len(mem) == 0
     with pytest.raises(MemoryInputError, match="vectors"):
         mem.add(msgs[:2], vectors=vecs[:3])
     with pytest.raises(MemoryInputError, match="name"):
-        TemporalMemory(server.url(), embedder=NoEmbedder())
+        TemporalMemory(postgres.url(), embedder=NoEmbedder())
     mem.add(msgs, vectors=vecs)
     everything = WindowPrediction(True, (Window(T0, T0 + timedelta(days=400)),))
     for text, asked, vec, _ in queries():
@@ -96,13 +85,13 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def test_two_processes_adding_overlapping_batches(server, tmp_path):
+def test_two_processes_adding_overlapping_batches(postgres, tmp_path):
     """Two writers add 1500 messages each, 1000 of them the same, in 25 adds of random
     times (so positions shift under each other): exactly the 2000 distinct keys remain,
     positions, statistics and timeline as one writer would have left them."""
     import psycopg
 
-    url, go = server.database(), tmp_path / "go"
+    url, go = postgres.database(), tmp_path / "go"
     script = tmp_path / "writer.py"
     script.write_text(WRITER.format(tests=TESTS))
     procs = [
@@ -145,12 +134,12 @@ KILLED = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.1])
-def test_kill_9_of_a_writer_loses_no_acknowledged_add(server, tmp_path, delay):
+def test_kill_9_of_a_writer_loses_no_acknowledged_add(postgres, tmp_path, delay):
     """A writer adding 250-message batches is SIGKILLed mid-add, twice: every batch whose
     add returned is there, no half batch, positions dense."""
     import psycopg
 
-    url = server.database()
+    url = postgres.database()
     script = tmp_path / "child.py"
     script.write_text(KILLED.format(tests=TESTS))
     for round_ in range(2):
@@ -214,7 +203,7 @@ def test_the_database_going_away_is_a_clear_bounded_error(tmp_path):
         own.close()
 
 
-def test_store_collection_runs_sources_and_rewards_like_the_process(server):
+def test_store_collection_runs_sources_and_rewards_like_the_process(postgres):
     """The harness's store (``MemoryCollection(store=URL)``): every window source predicts
     the same, retrieval returns the same top 20 (but where pgvector's float32 sums and
     numpy's give two dense scores in another order: near ties), the rewards score the
@@ -231,7 +220,7 @@ def test_store_collection_runs_sources_and_rewards_like_the_process(server):
             return np.array([v / np.linalg.norm(v) for v in out], dtype=np.float32).reshape(-1, DIM)
 
     data = generate(300, seed=5, n_conversations=2)
-    url, emb = server.database(), HashEmbedder()
+    url, emb = postgres.database(), HashEmbedder()
     local = MemoryCollection(data.memories, embedder=emb)
     stored = MemoryCollection(data.memories, embedder=emb, store=url)
     again = MemoryCollection(data.memories, embedder=emb, store=url)
@@ -265,7 +254,7 @@ def _serve(url: str, port: int) -> subprocess.Popen:
     )
 
 
-def test_two_services_share_one_memory(server):
+def test_two_services_share_one_memory(postgres):
     """Two ``tider memory serve --store URL`` processes (replicas behind a load balancer):
     an add through either is found through the other; /health answers a keyless probe and
     says nothing but up; the list of memories needs the key."""
@@ -274,7 +263,7 @@ def test_two_services_share_one_memory(server):
 
     from tider.llm.vllm_server import free_port
 
-    url, auth = server.database(), {"Authorization": "Bearer secret"}
+    url, auth = postgres.database(), {"Authorization": "Bearer secret"}
     ports = [free_port(), free_port()]
     procs = [_serve(url, p) for p in ports]
     a, b = (f"http://127.0.0.1:{p}" for p in ports)
@@ -308,7 +297,7 @@ def test_two_services_share_one_memory(server):
             proc.wait(timeout=30)
 
 
-def test_memory_import_into_a_database_then_search(server, tmp_path):
+def test_memory_import_into_a_database_then_search(postgres, tmp_path):
     """``tider memory import --out URL``: one memory per conversation in the database; a
     second run adds nothing (keys are unique per memory); the memories open by name."""
     from tider.cli import main
@@ -316,7 +305,7 @@ def test_memory_import_into_a_database_then_search(server, tmp_path):
     from tider.memory.backends import open_backend
 
     write(generate(240, seed=5, n_conversations=2), str(tmp_path / "data"))
-    url = server.database()
+    url = postgres.database()
     args = ["memory", "import", "--dataset", "synthetic", "--path", str(tmp_path / "data"), "--out", url]
     assert main(args) == 0
     assert main(args) == 0  # resumable: re-adding a key is a no-op

@@ -1,5 +1,5 @@
 """`tider eval retrieval` through PostgreSQL against the embedded store, on LoCoMo dev and
-on the synthetic benchmark (real MiniLM embeddings, a real server): the exact path and
+on the synthetic benchmark (real MiniLM embeddings, a real postgres): the exact path and
 the HNSW path (forced: these memories are below the index threshold).
 
 Must hold: recall@20 within 0.01 of the embedded figures, and the per-query top 20
@@ -12,19 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pgtesting import LocalServer
+from pgtesting import overlap
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 LOCOMO = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "locomo" / "locomo_dev.json"
 METHODS = ("none", "rules")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = LocalServer(tmp_path_factory.mktemp("pg") / "data")
-    yield srv
-    srv.close()
 
 
 def evaluate(dataset: str, path: str, out: Path, *extra: str) -> tuple[dict, dict]:
@@ -41,35 +34,35 @@ def evaluate(dataset: str, path: str, out: Path, *extra: str) -> tuple[dict, dic
     return {m: report["methods"][m]["recall@20"] for m in METHODS}, ids
 
 
-def compare_backends(server, dataset: str, path: str, tmp_path: Path) -> dict:
+def compare_backends(postgres, dataset: str, path: str, tmp_path: Path) -> dict:
     """The embedded run against PostgreSQL exact and PostgreSQL HNSW (forced)."""
     recall, ids = evaluate(dataset, path, tmp_path / "embedded")
     (tmp_path / "hnsw.yaml").write_text("hnsw_min_messages: 0\n")
     runs = {
-        "exact": evaluate(dataset, path, tmp_path / "pg", "--store", server.database()),
+        "exact": evaluate(dataset, path, tmp_path / "pg", "--store", postgres.database()),
         "hnsw": evaluate(
-            dataset, path, tmp_path / "pgh", "--store", server.database(), "--config", str(tmp_path / "hnsw.yaml")
+            dataset, path, tmp_path / "pgh", "--store", postgres.database(), "--config", str(tmp_path / "hnsw.yaml")
         ),
     }
     out = {}
     for path_name, (pg_recall, pg_ids) in runs.items():
         for m in METHODS:
-            overlap = np.mean([len(set(ids[m][k]) & set(pg_ids[m][k])) / max(len(ids[m][k]), 1) for k in ids[m]])
-            out[(path_name, m)] = (recall[m], pg_recall[m], overlap)
+            agree = np.mean([overlap(ids[m][k], pg_ids[m][k]) for k in ids[m]])
+            out[(path_name, m)] = (recall[m], pg_recall[m], agree)
             assert abs(pg_recall[m] - recall[m]) <= 0.01, (path_name, m, recall[m], pg_recall[m])
-            assert overlap >= 0.9, (path_name, m, overlap)
+            assert agree >= 0.9, (path_name, m, agree)
     return out
 
 
 @pytest.mark.skipif(not LOCOMO.is_file(), reason=f"needs LoCoMo dev at {LOCOMO} (read at run time)")
-def test_locomo_dev_through_postgres_matches_the_embedded_store(server, tmp_path):
-    figures = compare_backends(server, "locomo", str(LOCOMO), tmp_path)
+def test_locomo_dev_through_postgres_matches_the_embedded_store(postgres, tmp_path):
+    figures = compare_backends(postgres, "locomo", str(LOCOMO), tmp_path)
     # Complete candidate lists on the exact path: the same top 20, query for query.
     assert all(figures[("exact", m)][2] == 1.0 for m in METHODS), figures
 
 
-def test_synthetic_benchmark_through_postgres_matches_the_embedded_store(server, tmp_path):
+def test_synthetic_benchmark_through_postgres_matches_the_embedded_store(postgres, tmp_path):
     from tider.data.synth import generate, write
 
     write(generate(2400, seed=11, n_conversations=2), str(tmp_path / "data"))
-    compare_backends(server, "synthetic", str(tmp_path / "data"), tmp_path)
+    compare_backends(postgres, "synthetic", str(tmp_path / "data"), tmp_path)

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
-from pgtesting import LocalServer
+from pgtesting import overlap
 from test_memory import DIM, T0, NoEmbedder, answers, queries, records
 
 from tider.memory import TemporalMemory
@@ -17,24 +17,13 @@ from tider.memory.pg.config import PostgresConfig
 from tider.retrieval.config import RetrievalConfig
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = LocalServer(tmp_path_factory.mktemp("pg") / "data")
-    yield srv
-    srv.close()
-
-
-def overlap(a: list, b: list) -> float:
-    return len(set(a) & set(b)) / max(len(a), 1)
-
-
-def test_answers_equal_the_embedded_store(server):
+def test_answers_equal_the_embedded_store(postgres):
     """3000 messages in three adds, the last older than the rest (positions renumbered):
     same order, same timeline, same answers and scores on the exact path."""
     msgs, vecs = records(3000)
     embedded = TemporalMemory(None, embedder=NoEmbedder())
     embedded.add(msgs, vectors=vecs)
-    mem = TemporalMemory(server.database(), name="team", embedder=NoEmbedder())
+    mem = TemporalMemory(postgres.database(), name="team", embedder=NoEmbedder())
     by_time = np.argsort([m["timestamp"] for m in msgs], kind="stable")
     late, early = by_time[1000:], by_time[:1000]
     mem.add([msgs[i] for i in sorted(late[:1000])], vectors=vecs[sorted(late[:1000])])
@@ -55,7 +44,7 @@ def test_answers_equal_the_embedded_store(server):
     mem.close()
 
 
-def test_hnsw_path_is_used_and_agrees(server):
+def test_hnsw_path_is_used_and_agrees(postgres):
     """Forced HNSW (``hnsw_min_messages=0``): the planner walks the memory's index; its
     top 10 overlaps the embedded store's at the same dense depth (``hnsw_depth``, 200 by
     default, ``index_depth`` there) and, 1000 deep, the exact one, on 90% or more. (These
@@ -72,7 +61,7 @@ def test_hnsw_path_is_used_and_agrees(server):
     same_depth = RetrievalConfig(index_min_messages=0, index_depth=depth)
     shallow = TemporalMemory(None, config=same_depth, embedder=NoEmbedder())
     shallow.add(msgs, vectors=vecs)
-    url, forced = server.database(), RetrievalConfig(hnsw_min_messages=0)
+    url, forced = postgres.database(), RetrievalConfig(hnsw_min_messages=0)
     mem = TemporalMemory(url, name="big", config=forced, embedder=NoEmbedder())
     mem.add(msgs, vectors=vecs)
     deep = TemporalMemory(url, name="big", embedder=NoEmbedder(), postgres=PostgresConfig(hnsw_depth=1000))
@@ -93,14 +82,14 @@ def test_hnsw_path_is_used_and_agrees(server):
         assert np.mean([overlap(g, w) for (g, _), (w, _) in zip(got, want)]) >= 0.9
 
 
-def test_lexical_list_beside_the_walk_reads_the_search_snapshot(server):
+def test_lexical_list_beside_the_walk_reads_the_search_snapshot(postgres):
     """On the HNSW path the lexical list runs on a second pooled connection that imports
     the search's snapshot: an add committed after the search began is seen by neither
     connection, and both lists are those of a one-connection search."""
     from tider.memory.pg import rank as sql
 
     msgs, vecs = records(1200)
-    url, forced = server.database(), RetrievalConfig(hnsw_min_messages=0)
+    url, forced = postgres.database(), RetrievalConfig(hnsw_min_messages=0)
     mem = TemporalMemory(url, name="side", config=forced, embedder=NoEmbedder())
     mem.add(msgs[:1000], vectors=vecs[:1000])
     writer = TemporalMemory(url, name="side", embedder=NoEmbedder())
@@ -121,7 +110,7 @@ def test_lexical_list_beside_the_walk_reads_the_search_snapshot(server):
 
 
 @pytest.mark.parametrize("depth", [50, 400])
-def test_bm25_with_a_frequent_term_set_aside_is_exact(server, depth):
+def test_bm25_with_a_frequent_term_set_aside_is_exact(postgres, depth):
     """Above ``index_min_messages`` the lexical list sets a frequent query term (a speaker's
     name) aside: it must be the list of scoring every posting, to the bit (a reference in
     double precision here), whether the other terms fill it (depth 50) or the set-aside
@@ -145,7 +134,7 @@ def test_bm25_with_a_frequent_term_set_aside_is_exact(server, depth):
         for i in range(3000)
     ]
     vecs = rng.normal(size=(3000, DIM)).astype(np.float32)
-    mem = TemporalMemory(server.database(), name="names", embedder=NoEmbedder())
+    mem = TemporalMemory(postgres.database(), name="names", embedder=NoEmbedder())
     mem.add(msgs, vectors=vecs)
     docs = [Counter(tokenize(expand_message(m))) for m in mem.messages()]
     n, avgdl = len(docs), sum(max(sum(d.values()), 1) for d in docs) / len(docs)
@@ -171,13 +160,13 @@ def test_bm25_with_a_frequent_term_set_aside_is_exact(server, depth):
         assert np.array_equal(got.scores, np.array([scores[i] for i in want], dtype=np.float32)), text
 
 
-def test_a_query_sharing_no_term_ranks_by_the_dense_channel(server):
+def test_a_query_sharing_no_term_ranks_by_the_dense_channel(postgres):
     """No past message shares a term with the query: the lexical list is empty and the
     fusion runs on the dense list alone, on the index path and in the database alike."""
     msgs, vecs = records(1500)
     exact = TemporalMemory(None, embedder=NoEmbedder())
     index = TemporalMemory(None, config=RetrievalConfig(index_min_messages=0, index_depth=200), embedder=NoEmbedder())
-    mem = TemporalMemory(server.database(), name="noterm", embedder=NoEmbedder())
+    mem = TemporalMemory(postgres.database(), name="noterm", embedder=NoEmbedder())
     for m in (exact, index, mem):
         m.add(msgs, vectors=vecs)
     want = exact.search("zzz qqq", query_vector=vecs[3], k=10)
