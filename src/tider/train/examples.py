@@ -108,6 +108,16 @@ def _iou(a, b, granularity) -> float:
     return window_iou([a], [b], granularity)
 
 
+def line_refs(table) -> list[dict]:
+    """One reference to each shown line: its first mark when it has one (the same tokens in
+    every prompt), else its number."""
+    refs = []
+    for k in range(1, len(table.lines) + 1):
+        labels = [m for m, line in table.marks if line == k]
+        refs.append({"mark": labels[0]} if labels else {"entry": k})
+    return refs
+
+
 def gold_answer(query: Query, table, granularity) -> dict:
     """The gold windows as references into one prompt's table: each gold window as the
     reference that covers it best — the cue when it is at least as tight as the best line
@@ -126,8 +136,7 @@ def gold_answer(query: Query, table, granularity) -> dict:
         if cue_iou > 0 and cue_iou >= line_iou:
             ref = {"cue": cue + 1}
         elif line_iou > 0:
-            labels = [m for m, k in table.marks if k == line + 1]
-            ref = {"mark": labels[0]} if labels else {"entry": line + 1}
+            ref = line_refs(table)[line]
         else:
             continue
         if ref not in windows:
