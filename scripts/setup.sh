@@ -31,9 +31,9 @@ pip_sources() {
     while read -r key values; do for v in $values; do echo "--$key" "$v"; done; done | sort -u
 }
 # The project and its ~200 pinned dependencies: uv downloads and installs them in parallel
-# (40 s here against pip's 126-136 s); --compile-bytecode, because modules left to compile
-# on first import slowed the demo's timed stages by more than pip's compile step saved.
-# pip does it if uv cannot.
+# (49 s in a fresh clone, bytecode included, against pip's 126-136 s). --compile-bytecode:
+# modules left to compile on first import slowed the demo's timed stages by more than
+# skipping pip's compile step saved. pip does it if uv cannot.
 install_project() {
   # shellcheck disable=SC2046  # one option or value per word
   "$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" --index-strategy unsafe-best-match \
