@@ -33,7 +33,7 @@ import numpy as np
 from tider import scoring
 from tider.eval.leakage import LeakageValidator
 from tider.eval.qa_config import STAGES, QAConfig
-from tider.eval.runner import Stage, StageRunner, file_hash, fingerprint_of
+from tider.eval.runner import Stage, StageRunner, fingerprint_of
 from tider.forest.compress import IDF, truncate_to_budget, whitespace_tokens
 from tider.forest.linearize import fit_forest, forest_rows, render_flat, render_forest, rows_to_json
 from tider.forest.prompts import (
@@ -42,7 +42,6 @@ from tider.forest.prompts import (
     STRUCTURING_SYSTEM,
     judge_messages,
     parse_verdict,
-    prompt_hash,
     reader_messages,
     render_message,
 )
@@ -399,9 +398,9 @@ def run_qa_eval(
     if not queries:
         raise ValueError(f"dataset {dataset.name!r}: no queries left to evaluate after filtering")
     selector = selector or reader
-    _require_clients(config, reader=reader, judge=judge, selector=selector)
+    config.require_clients(reader=reader, judge=judge, selector=selector)
     clients = {"reader": _name_of(reader), "judge": _name_of(judge), "selector": _name_of(selector)}
-    manifest = _manifest(dataset, config, data_path, len(queries), clients, tokenizer_name)
+    manifest = config.manifest(dataset.name, data_path, len(queries), clients, tokenizer_name)
     runner = StageRunner(out_dir, manifest, overwrite=overwrite)
     qa = QARun(dataset, config, reader, judge, selector, count_tokens)
     records = qa.run(runner, queries, progress)
@@ -436,48 +435,3 @@ def run_qa_eval(
 
 def _name_of(client) -> str | None:
     return client.model if client is not None else None
-
-
-def _require_clients(config: QAConfig, **clients) -> None:
-    """Fail unless every LLM the stages up to ``config.until`` call is given (``clients``:
-    ``reader``, ``judge``, ``selector``)."""
-    wanted = set(STAGES[: STAGES.index(config.until) + 1])
-    needs = {
-        "reader": "answer" in wanted,
-        "judge": "judge" in wanted,
-        "selector": ("select" in wanted and config.selection)
-        or ("structure" in wanted and config.classifier == "llm" and "forest" in config.contexts),
-    }
-    missing = [name for name, needed in needs.items() if needed and clients[name] is None]
-    if missing:
-        raise ValueError(f"QA run up to stage {config.until!r} needs an LLM for: {', '.join(missing)}")
-
-
-def _manifest(dataset: Dataset, config: QAConfig, data_path, n_queries: int, clients: dict, tokenizer: str) -> dict:
-    """What a resumed run must match: the data, the config, the models (``clients``: name
-    by role), the tokenizer and the prompt texts."""
-    from tider.forest import prompts
-
-    return {
-        "command": "eval qa",
-        "dataset": dataset.name,
-        "data_path": data_path,
-        "data_hash": file_hash(data_path),
-        "n_queries": n_queries,
-        # ``until`` is left out: extending a context-only run to answers reuses its records.
-        "config": {
-            **{k: v for k, v in config.to_json().items() if k != "until"},
-            **clients,
-            "tokenizer": tokenizer,
-        },
-        "prompt_hashes": {
-            name: prompt_hash(getattr(prompts, name))
-            for name in (
-                "SELECTION_SYSTEM",
-                "STRUCTURING_SYSTEM",
-                "READER_SYSTEM_FLAT",
-                "READER_SYSTEM_FOREST",
-                "JUDGE_SYSTEM",
-            )
-        },
-    }

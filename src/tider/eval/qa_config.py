@@ -56,3 +56,37 @@ class QAConfig:
         out["retrieval"] = self.retrieval.to_json()
         out["windows"], out["contexts"] = list(self.windows), list(self.contexts)
         return out
+
+    def require_clients(self, **clients) -> None:
+        """Fail unless every LLM the stages up to ``until`` call is given (``clients``:
+        ``reader``, ``judge``, ``selector``)."""
+        wanted = set(STAGES[: STAGES.index(self.until) + 1])
+        needs = {
+            "reader": "answer" in wanted,
+            "judge": "judge" in wanted,
+            "selector": ("select" in wanted and self.selection)
+            or ("structure" in wanted and self.classifier == "llm" and "forest" in self.contexts),
+        }
+        missing = [name for name, needed in needs.items() if needed and clients[name] is None]
+        if missing:
+            raise ValueError(f"QA run up to stage {self.until!r} needs an LLM for: {', '.join(missing)}")
+
+    def manifest(self, dataset: str, data_path, n_queries: int, clients: dict, tokenizer: str) -> dict:
+        """What a resumed run must match: the data, this config, the models (``clients``:
+        name by role), the tokenizer and the prompt texts."""
+        from tider.eval.runner import file_hash
+        from tider.forest import prompts
+
+        prompt_names = ("SELECTION_SYSTEM", "STRUCTURING_SYSTEM", "READER_SYSTEM_FLAT", "READER_SYSTEM_FOREST")
+        return {
+            "command": "eval qa",
+            "dataset": dataset,
+            "data_path": data_path,
+            "data_hash": file_hash(data_path),
+            "n_queries": n_queries,
+            # ``until`` is left out: extending a context-only run to answers reuses its records.
+            "config": {**{k: v for k, v in self.to_json().items() if k != "until"}, **clients, "tokenizer": tokenizer},
+            "prompt_hashes": {
+                name: prompts.prompt_hash(getattr(prompts, name)) for name in (*prompt_names, "JUDGE_SYSTEM")
+            },
+        }
