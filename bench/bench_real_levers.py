@@ -21,7 +21,7 @@ from benchlib import ROOT, hardware
 
 SHARED = ROOT.parent / "shared" / "data"
 VALIDATION = ("conv-30", "Adeleke_Okonjo")  # configs/sft/tiny-real.yaml's validation_memories
-BASELINES = ("none", "rules", "top-day", "timeline")
+BASELINES = ("none", "rules", "top-day", "top-days", "timeline")
 
 
 def parse_args(argv):

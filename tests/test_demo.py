@@ -54,7 +54,16 @@ def test_demo_runs_every_stage_then_resumes(tmp_path, capsys):
     assert export["greedy_identical"] and export["dtype"] == "float32"
     assert json.loads((out / "export" / "tider_locator.json").read_text())["prompt_settings"]["lines"]["max_lines"] == 4
     comparison = json.loads((out / "compare" / "compare.json").read_text())
-    assert comparison["methods"] == ["none", "rules", "top-day", "dbscan-tuned", "timeline", "locator", "oracle"]
+    assert comparison["methods"] == [
+        "none",
+        "rules",
+        "top-day",
+        "top-days",
+        "dbscan-tuned",
+        "timeline",
+        "locator",
+        "oracle",
+    ]
     assert comparison["n_queries"] == 6
     assert (out / "compare" / "compare.png").exists()
     first = json.loads((out / "timings.json").read_text())

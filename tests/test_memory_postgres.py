@@ -227,7 +227,7 @@ def test_store_collection_runs_sources_and_rewards_like_the_process(postgres):
     queries_ = [q for q in data.queries if q.gold.evidence_ids][:30]
     context = {"gold_by_key": gold_predictions(queries_), "source_options": {}}
     same = []
-    for name in ("none", "rules", "timeline", "dbscan-tuned", "top-day", "oracle"):
+    for name in ("none", "rules", "timeline", "dbscan-tuned", "top-day", "top-days", "oracle"):
         for q in queries_:
             a = make_source_from_context(name, {**context, "store": local}).predict(q.public(), local)
             b = make_source_from_context(name, {**context, "store": stored}).predict(q.public(), stored)

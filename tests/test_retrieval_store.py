@@ -131,6 +131,18 @@ def test_store_sources(toy):
     (day,) = make_source("top-day").predict(q.public(), store).windows
     assert day.start == top.replace(hour=0, minute=0, second=0, microsecond=0) and day.contains(top)
     assert (day.end - day.start).days == 0 and day.end.hour == 23
+    # top-days: one such window on each of the first three distinct days the ranking hits
+    days = []
+    for i in store.ranking(q.public()).ids:
+        d = store.messages("toy")[int(i)].timestamp.date()
+        days += [d] if d not in days else []
+    windows = make_source("top-days").predict(q.public(), store).windows
+    assert [w.start.date() for w in windows] == sorted(days[:3]) and day in windows
+    assert [w.start.date() for w in make_source("top-days", days=5).predict(q.public(), store).windows] == sorted(
+        days[:5]
+    )
+    with pytest.raises(ValueError, match="days must be at least 1"):
+        make_source("top-days", days=0)
 
 
 @pytest.mark.slow

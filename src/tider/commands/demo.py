@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     p.add_argument("--export-dtype", default=None, help="default: float32 on CPU (exact vLLM parity), bfloat16 on GPU")
     p.add_argument(
         "--baselines",
-        default="none,rules,top-day,dbscan-tuned,timeline",
+        default="none,rules,top-day,top-days,dbscan-tuned,timeline",
         help="learning-free window sources to compare",
     )
     p.add_argument(

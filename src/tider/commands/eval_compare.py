@@ -32,7 +32,7 @@ def register(eval_subparsers) -> None:
     p.add_argument("--out", required=True, help="run directory (retrieval/, qa/, compare.json/md/png); resumable")
     p.add_argument(
         "--baselines",
-        default="none,rules,top-day,dbscan-paper,dbscan-tuned,timeline",
+        default="none,rules,top-day,top-days,dbscan-paper,dbscan-tuned,timeline",
         help="learning-free window sources; NAME@MODE overrides the semantic channel",
     )
     p.add_argument("--no-oracle", action="store_true", help="leave out the gold-window upper bound")

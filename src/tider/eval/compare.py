@@ -31,7 +31,7 @@ from tider.eval.stats import mcnemar_markdown
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Dataset
 
-LEARNING_FREE = ("none", "rules", "top-day", "dbscan-paper", "dbscan-tuned", "timeline")
+LEARNING_FREE = ("none", "rules", "top-day", "top-days", "dbscan-paper", "dbscan-tuned", "timeline")
 LEARNED = "locator"
 
 

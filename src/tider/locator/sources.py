@@ -20,8 +20,9 @@ never from the query it is asked about.
 Built-in learning-free sources: ``none`` (semantic channel only), ``oracle`` (gold
 windows), ``timeline`` (top-m timeline entries by similarity become the windows),
 ``top-day`` (the day of the semantic channel's top hit: retrieve, then localize, without
-learning), ``dbscan-paper`` / ``dbscan-tuned`` (T-Mem, in ``tider.locator.dbscan``),
-``rules`` (the question's time expressions, in ``tider.locator.rules``).
+learning), ``top-days`` (the first three distinct days it hits), ``dbscan-paper`` /
+``dbscan-tuned`` (T-Mem, in ``tider.locator.dbscan``), ``rules`` (the question's time
+expressions, in ``tider.locator.rules``).
 """
 
 from __future__ import annotations
@@ -164,17 +165,34 @@ class TimelineWindows(BaseSource):
 class TopDayWindow(BaseSource):
     """Retrieve, then localize, without learning: one window on the day of the semantic
     channel's top hit (``pad_days`` more on each side), so the rest of that day's messages
-    compete for the top k. No visible message -> the semantic path."""
+    compete for the top k; ``days`` > 1: one window on each of the first ``days`` distinct
+    days the ranking hits (``top-days``: a wrong day costs little next to a right one, so
+    covering the first few hit days pays where the top hit's day alone is a coin flip).
+    No visible message -> the semantic path."""
 
     name = "top-day"
 
-    def __init__(self, pad_days: float = 0.0):
+    def __init__(self, pad_days: float = 0.0, days: int = 1):
+        if days < 1:
+            raise ValueError(f"top-day: days must be at least 1, got {days}")
         self.pad = timedelta(days=pad_days)
+        self.days = days
 
     def predict(self, query: Query, store) -> WindowPrediction:
-        ranked = store.ranking(query)
-        if not len(ranked.ids):
-            return NON_TEMPORAL
-        hit = store.messages(query.memory_key)[int(ranked.ids[0])].timestamp
-        day = unit_window(hit, hit, "day").widen(self.pad)
-        return WindowPrediction(temporal=True, windows=(day,))
+        messages = store.messages(query.memory_key)
+        windows: list = []
+        for i in store.ranking(query).ids:
+            day = unit_window(messages[int(i)].timestamp, messages[int(i)].timestamp, "day").widen(self.pad)
+            if day not in windows:
+                windows.append(day)
+            if len(windows) == self.days:
+                break
+        return WindowPrediction(temporal=True, windows=tuple(sorted(windows))) if windows else NON_TEMPORAL
+
+
+@register_source("top-days")
+def top_days(pad_days: float = 0.0, days: int = 3) -> TopDayWindow:
+    """``top-day`` on the first three distinct hit days."""
+    source = TopDayWindow(pad_days=pad_days, days=days)
+    source.name = "top-days"
+    return source
