@@ -94,22 +94,7 @@ def answer_logprobs(model, tokenizer, messages, answers) -> list[float]:
     ]
 
 
-def evidence_gains(query, table, answers, store, granularity) -> list[float]:
-    """Each answer's evidence gain over no window for ``query`` (per question, at the store's k)."""
-    from tider.locator.parse import parse_prediction
-    from tider.scoring import evidence_gain
-    from tider.types import NON_TEMPORAL
-
-    k, public = store.config.k, query.public()
-    base = store.retrieve(public, NON_TEMPORAL, k)[0]
-    out = []
-    for answer in answers:
-        parsed = parse_prediction(json.dumps(answer), granularity=granularity, refs=table)
-        out.append(evidence_gain(store.retrieve(public, parsed.prediction, k)[0], base, query.gold.evidence_ids, k))
-    return out
-
-
-def question_rows(split, queries, builder, store, model, tokenizer) -> list[dict]:
+def question_rows(split, queries, builder, model, tokenizer) -> list[dict]:
     from tider.train.examples import ABSTAIN, line_refs
 
     rows = []
@@ -119,7 +104,8 @@ def question_rows(split, queries, builder, store, model, tokenizer) -> list[dict
         marks = {m for m, _ in table.marks}
         hits = [{"mark": f"H{i}"} for i in (1, 2, 3) if f"H{i}" in marks]
         tops = [{"temporal": True, "windows": hits[:1]}, {"temporal": True, "windows": hits}] if hits else []
-        gains = evidence_gains(q, table, answers[1:] + tops, store, builder.dataset.granularity)
+        gain = builder.evidence_gains(q, table)
+        gains = [gain(a) for a in answers[1:] + tops]
         n = len(answers) - 1
         rows.append(
             {
@@ -170,12 +156,12 @@ def main(argv=None) -> int:
 
     overrides = ["--dataset_path", f"{args.locomo},{args.realmem}", "--output_dir", "unused", "--report_to", "none"]
     script_args, _, _ = recipe_args("sft/tiny-real", overrides)
-    _, store, tokenizer, builder, splits = prepare(script_args, args.checkpoint, stage="eval")
+    _, _, tokenizer, builder, splits = prepare(script_args, args.checkpoint, stage="eval")
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
     t0, rows = time.time(), []
     for split in ("train", "validation"):
         queries = [q for q in splits[split] if q.gold.evidence_ids and str(q.category) != "5"]
-        rows += question_rows(split, queries, builder, store, model, tokenizer)
+        rows += question_rows(split, queries, builder, model, tokenizer)
     weights = fit_probe([r for r in rows if r["split"] == "train"])
     table = {}
     for split in ("train", "validation"):

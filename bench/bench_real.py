@@ -35,7 +35,7 @@ from pathlib import Path
 from benchlib import ROOT, hardware, matmul_ms, paired_bootstrap_ci, recipe_args
 
 SHARED = ROOT.parent / "shared" / "data"
-BASELINES = ("none", "rules", "top-day", "dbscan-tuned", "timeline")
+BASELINES = ("none", "rules", "top-day", "top-days", "dbscan-tuned", "timeline")
 
 
 def parse_args(argv):
@@ -107,9 +107,10 @@ def held_out(args, out: Path, grpo, dataset, store, queries) -> dict:
 
     g_args, g_train, _ = grpo
     names, weights = list(g_args.reward_funcs), [float(w) for w in g_train.reward_weights]
-    result = {}
+    hedges, result = g_args.target_hedges, {}
     greedy = {
-        stage: held_out_rewards(out / stage, queries, dataset, store, names, weights)[0] for stage in ("sft", "grpo")
+        stage: held_out_rewards(out / stage, queries, dataset, store, names, weights, hedges)[0]
+        for stage in ("sft", "grpo")
     }
     diffs = [b["composite"] - a["composite"] for a, b in zip(greedy["sft"], greedy["grpo"])]
     result["greedy"] = {
@@ -119,7 +120,15 @@ def held_out(args, out: Path, grpo, dataset, store, queries) -> dict:
     if args.held_out_samples:
         sampled = {
             stage: sampled_rewards(
-                out / stage, queries, dataset, store, names, weights, args.held_out_samples, g_train.temperature
+                out / stage,
+                queries,
+                dataset,
+                store,
+                names,
+                weights,
+                args.held_out_samples,
+                g_train.temperature,
+                hedges=hedges,
             )
             for stage in ("sft", "grpo")
         }
