@@ -107,10 +107,9 @@ def held_out(args, out: Path, grpo, dataset, store, queries) -> dict:
 
     g_args, g_train, _ = grpo
     names, weights = list(g_args.reward_funcs), [float(w) for w in g_train.reward_weights]
-    hedges, result = g_args.target_hedges, {}
+    result = {}
     greedy = {
-        stage: held_out_rewards(out / stage, queries, dataset, store, names, weights, hedges)[0]
-        for stage in ("sft", "grpo")
+        stage: held_out_rewards(out / stage, queries, dataset, store, names, weights)[0] for stage in ("sft", "grpo")
     }
     diffs = [b["composite"] - a["composite"] for a, b in zip(greedy["sft"], greedy["grpo"])]
     result["greedy"] = {
@@ -120,15 +119,7 @@ def held_out(args, out: Path, grpo, dataset, store, queries) -> dict:
     if args.held_out_samples:
         sampled = {
             stage: sampled_rewards(
-                out / stage,
-                queries,
-                dataset,
-                store,
-                names,
-                weights,
-                args.held_out_samples,
-                g_train.temperature,
-                hedges=hedges,
+                out / stage, queries, dataset, store, names, weights, args.held_out_samples, g_train.temperature
             )
             for stage in ("sft", "grpo")
         }

@@ -116,18 +116,17 @@ def benchmark_split(checkpoint, design: str = "shipped"):
     return g_args, g_train, dataset, store, splits
 
 
-def reward_columns(queries, tables, dataset, store, hedges: int = 0) -> dict:
-    """The columns TRL passes the rewards for these prompts (``tider.train.examples``);
-    ``hedges``: the recipe's ``target_hedges``."""
+def reward_columns(queries, tables, dataset, store) -> dict:
+    """The columns TRL passes the rewards for these prompts (``tider.train.examples``)."""
     from tider.train.examples import PromptBuilder, as_columns
     from tider.train.examples import reward_columns as columns_of
 
-    builder = PromptBuilder(dataset, store, hedges=hedges)  # the targets switch and window_iou score against
+    builder = PromptBuilder(dataset, store)  # the targets switch and window_iou score against
     g = dataset.granularity
     return as_columns([columns_of(q, t, g, builder.target(q, t)) for q, t in zip(queries, tables)])
 
 
-def prompted(model: str, queries, dataset, store, names, weights, hedges: int = 0):
+def prompted(model: str, queries, dataset, store, names, weights):
     """``model``'s locator source, its prompts for ``queries``, and ``score(texts, queries,
     tables)``: each reward of those completions by name, and their weighted ``composite``
     (the recipe's reward_weights)."""
@@ -139,28 +138,19 @@ def prompted(model: str, queries, dataset, store, names, weights, hedges: int = 
     fns = make_rewards(names, RewardContext(dataset=dataset, store=store, k=20))
 
     def score(texts, qs, ts) -> dict[str, np.ndarray]:
-        scores = reward_scores(fns, texts, reward_columns(qs, ts, dataset, store, hedges))
+        scores = reward_scores(fns, texts, reward_columns(qs, ts, dataset, store))
         return {**scores, "composite": sum(float(w) * scores[n] for n, w in zip(names, weights))}
 
     return source, tables, score
 
 
 def sampled_rewards(
-    model_dir: Path,
-    queries,
-    dataset,
-    store,
-    names,
-    weights,
-    samples: int,
-    temperature: float,
-    seed: int = 1,
-    hedges: int = 0,
+    model_dir: Path, queries, dataset, store, names, weights, samples: int, temperature: float, seed: int = 1
 ) -> dict[str, np.ndarray]:
     """Per query, each reward and the composite averaged over ``samples`` completions at
     ``temperature``: the policy's expected reward, which is what GRPO maximizes (serving
     decodes greedily)."""
-    source, tables, score = prompted(str(model_dir), queries, dataset, store, names, weights, hedges)
+    source, tables, score = prompted(str(model_dir), queries, dataset, store, names, weights)
     rep = [t for t in tables for _ in range(samples)]
     drawn = source.client.backend.generate_batch(
         [t.messages for t in rep], max_tokens=64, temperature=temperature, seed=seed
@@ -169,11 +159,8 @@ def sampled_rewards(
     return {k: v.reshape(len(queries), samples).mean(axis=1) for k, v in scores.items()}
 
 
-def held_out_rewards(
-    model_dir: Path, queries, dataset, store, reward_names, weights, hedges: int = 0
-) -> tuple[list[dict], list[str]]:
-    """Greedy completions of ``model_dir`` on ``queries``, scored by the GRPO rewards
-    (``hedges``: the recipe's ``target_hedges``, for the targets they score against)."""
+def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, weights) -> tuple[list[dict], list[str]]:
+    """Greedy completions of ``model_dir`` on ``queries``, scored by the GRPO rewards."""
     from tider.locator.sources import make_source
     from tider.train.rewards import RewardContext, make_rewards, reward_scores
 
@@ -185,7 +172,7 @@ def held_out_rewards(
         texts += [o.text for o in source.last_outcomes]
         tables += source.last_inputs
     fns = make_rewards(reward_names, RewardContext(dataset=dataset, store=store, k=20))
-    scores = reward_scores(fns, texts, reward_columns(queries, tables, dataset, store, hedges))
+    scores = reward_scores(fns, texts, reward_columns(queries, tables, dataset, store))
     rows = []
     for i, q in enumerate(queries):
         row = {"query": q.key, "type": q.category, **{f"r/{k}": float(v[i]) for k, v in scores.items()}}

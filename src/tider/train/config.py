@@ -65,13 +65,6 @@ class LocatorScriptArguments:
         default=PromptSettings().max_prompt_tokens,
         metadata={"help": "Prompt token budget; the least-needed timeline lines are dropped to fit."},
     )
-    target_hedges: int = field(
-        default=3,
-        metadata={
-            "help": "The first search hits whose lines a target adds where each costs no evidence "
-            "(tider.train.examples.PromptBuilder.hedges); 0: the gold windows only."
-        },
-    )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Cap on training prompts (after DAR for GRPO)."}
     )

@@ -156,14 +156,7 @@ class PromptBuilder:
     the locator is trained towards."""
 
     def __init__(
-        self,
-        dataset: Dataset,
-        store,
-        *,
-        tokenizer=None,
-        settings: PromptSettings | None = None,
-        resolver=None,
-        hedges: int = 0,
+        self, dataset: Dataset, store, *, tokenizer=None, settings: PromptSettings | None = None, resolver=None
     ):
         from tider.locator.rules import shared_resolver
 
@@ -172,7 +165,6 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         self.settings = settings or PromptSettings()
         self.resolver = resolver or shared_resolver()
-        self.n_hedges = hedges
 
     def build(self, query: Query):
         from tider.locator.rules import query_cues
@@ -183,42 +175,19 @@ class PromptBuilder:
         return locator_input(public, self.store, cues, self.settings, query_vector=vector, tokenizer=self.tokenizer)
 
     def target(self, query: Query, table) -> dict:
-        """The answer the locator is trained towards: the gold windows as references
-        (``gold_answer``), or "no window" where they would retrieve less of the evidence
-        than no window does, plus the free hedges (``hedges``). Where the gold windows add
-        nothing, pointing at them is still right and costs nothing."""
+        """The gold windows as references (``gold_answer``), unless they would retrieve less
+        of the evidence than no window does (then "no window"). Where the gold windows add
+        nothing, pointing at them is still right and costs nothing; the locator learns to
+        abstain where it cannot point at the evidence or where pointing at it hurts."""
         answer = gold_answer(query, table, self.dataset.granularity)
-        if not query.gold.temporal or not query.gold.evidence_ids:
+        if not answer["temporal"] or not query.gold.evidence_ids:
             return answer
-        gain = self.evidence_gains(query, table)
-        if answer["temporal"] and gain(answer) < 0:
-            answer = ABSTAIN
-        return self.hedges(answer, table, gain) if self.n_hedges else answer
-
-    def hedges(self, answer: dict, table, gain) -> dict:
-        """``answer`` plus the lines of the first ``n_hedges`` search hits (``H1``..) that
-        each cost no evidence alone, when together they cost ``answer`` none. On real
-        conversations a wrong window costs little next to what a right one gains and the
-        evidence's day is among the first few hit days for most questions (``top-days``), so
-        a small model that cannot yet tell which hit is right learns to cover them, and
-        adds what it can read (cues, the anchor, recency); where a hit's day pushes
-        evidence out (synthetic twins of the asked-about event), it is left out. The data
-        decides per question, not a switch per dataset."""
-        refs, hit_lines = line_refs(table), dict(table.marks)
-        free = [
-            refs[hit_lines[f"H{i}"] - 1]
-            for i in range(1, self.n_hedges + 1)
-            if f"H{i}" in hit_lines and refs[hit_lines[f"H{i}"] - 1] not in answer["windows"]
-        ]
-        free = [ref for ref in free if gain({"temporal": True, "windows": [ref]}) >= 0]
-        if not free:
-            return answer
-        hedged = {"temporal": True, "windows": answer["windows"] + free}
-        return hedged if gain(hedged) >= (gain(answer) if answer["temporal"] else 0.0) else answer
+        return answer if self.evidence_gains(query, table)(answer) >= 0 else ABSTAIN
 
     def evidence_gains(self, query: Query, table):
-        """``gain(answer)``: the share of ``query``'s evidence ``answer`` retrieves beyond what
-        no window does (``scoring.evidence_gain`` at the store's k)."""
+        """``gain(answer)``: the share of ``query``'s evidence ``answer`` (an answer into
+        ``table``) retrieves beyond what no window does (``scoring.evidence_gain`` at the
+        store's k)."""
         k, public = self.store.config.k, query.public()
         base = self.store.retrieve(public, NON_TEMPORAL, k)[0]
 
@@ -252,12 +221,8 @@ def reward_columns(q: Query, table, granularity, target: dict) -> dict:
     """The columns the GRPO rewards read for one prompt (TRL passes extra dataset columns
     as kwargs): the prompt's reference table (``refs``) and the labels. ``switch`` and
     ``window_iou`` score against the target (``PromptBuilder.target``): where no window
-    pays, "no window" is right; its windows are the gold ones it keeps plus its hedges.
-    ``n_gold_windows`` (DAR's bucket) is the data's count."""
-    windows = [
-        [format_time(w.start, granularity), format_time(w.end, granularity)]
-        for w in target_windows(q, table, target, granularity)
-    ]
+    pays, "no window" is right; ``n_gold_windows`` (DAR's bucket) is the data's count."""
+    windows = [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in q.gold.windows]
     return {
         "refs": table.refs_json(granularity),
         "query_key": q.key,
@@ -265,21 +230,11 @@ def reward_columns(q: Query, table, granularity, target: dict) -> dict:
         "category": q.category or "",
         "granularity": granularity,
         "gold_temporal": bool(target["temporal"]),
-        "gold_windows": windows,
-        "n_gold_windows": len(q.gold.windows) if q.gold.temporal else 0,
+        "gold_windows": windows if target["temporal"] else [],
+        "n_gold_windows": len(windows) if q.gold.temporal else 0,
         "evidence_ids": list(q.gold.evidence_ids),
         "answer": q.gold.answer or "",
     }
-
-
-def target_windows(q: Query, table, target: dict, granularity) -> list:
-    """The windows ``window_iou`` scores against: the gold windows where the target points
-    at them (one of its windows touches one), plus its windows that touch none (hedges)."""
-    if not target["temporal"]:
-        return []
-    pointed = parse_prediction(json.dumps(target), granularity=granularity, refs=table).prediction.windows
-    touches = [any(w.start <= g.end and w.end >= g.start for g in q.gold.windows) for w in pointed]
-    return sorted((list(q.gold.windows) if any(touches) else []) + [w for w, t in zip(pointed, touches) if not t])
 
 
 def as_columns(records: Sequence[dict], repeat: int = 1) -> dict:

@@ -51,7 +51,7 @@ def prepare(
 
     dataset = dataset or load_training_dataset(script_args)
     store = store or MemoryCollection(dataset.memories)
-    builder = PromptBuilder(dataset, store, settings=script_args.prompt_settings(), hedges=script_args.target_hedges)
+    builder = PromptBuilder(dataset, store, settings=script_args.prompt_settings())
     store.prepare(dataset.queries)  # one batched encode of every question the prompts need
     prepare_cues(builder.resolver, dataset.queries, dataset.memories)  # and their time expressions, on every core
     if script_args.tiny_model:
