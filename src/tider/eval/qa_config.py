@@ -15,6 +15,8 @@ CONTEXT_KINDS = ("flat", "forest")
 STAGES = ("retrieve", "select", "structure", "compress", "answer", "judge")
 COMPRESSION_MODES = ("idf", "truncate")
 MAX_TOKEN_STAGES = ("select", "structure", "answer", "judge")  # QAConfig.<stage>_max_tokens
+# tider.forest.prompts texts a resumed run must find unchanged (QAConfig.manifest)
+PROMPTS = ("SELECTION_SYSTEM", "STRUCTURING_SYSTEM", "READER_SYSTEM_FLAT", "READER_SYSTEM_FOREST", "JUDGE_SYSTEM")
 
 
 @dataclass
@@ -77,7 +79,6 @@ class QAConfig:
         from tider.eval.runner import file_hash
         from tider.forest import prompts
 
-        prompt_names = ("SELECTION_SYSTEM", "STRUCTURING_SYSTEM", "READER_SYSTEM_FLAT", "READER_SYSTEM_FOREST")
         return {
             "command": "eval qa",
             "dataset": dataset,
@@ -86,7 +87,5 @@ class QAConfig:
             "n_queries": n_queries,
             # ``until`` is left out: extending a context-only run to answers reuses its records.
             "config": {**{k: v for k, v in self.to_json().items() if k != "until"}, **clients, "tokenizer": tokenizer},
-            "prompt_hashes": {
-                name: prompts.prompt_hash(getattr(prompts, name)) for name in (*prompt_names, "JUDGE_SYSTEM")
-            },
+            "prompt_hashes": {name: prompts.prompt_hash(getattr(prompts, name)) for name in PROMPTS},
         }
