@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# The recipe tests' session fixtures: one chain of test-size models for tests/test_recipes*.py.
+from recipetesting import real_like, recipe_data, recipe_work, tiny_pretrain, tiny_pretrain_answer, tiny_sft  # noqa: F401
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
