@@ -7,7 +7,9 @@ recall lost, per question, on the questions where ``none`` had all their evidenc
 
 ``--run`` is a finished ``bench/bench_real.py`` directory (its ``sft/`` and ``grpo/``);
 the rows are the shipped start (``models/tiny-locator-v3``, no real training), that start
-after SFT on the real train split, and after GRPO. Writes ``DIR/levers.{json,md}``.
+after SFT on the real train split, and after GRPO, answering greedily and by a vote of 8
+sampled completions that keeps the windows at least 1-4 of them name (the recipe's
+decoding is the vote with min 1). Writes ``DIR/levers.{json,md}``.
 """
 
 from __future__ import annotations
@@ -66,17 +68,23 @@ def main(argv=None) -> int:
     out = Path(args.out)
     dataset = load_datasets("locomo,realmem", f"{args.locomo},{args.realmem}")
     keys = [k for k in args.memories.split(",") if k]
-    checkpoints = {
-        "start (models/tiny-locator-v3)": ROOT / "models" / "tiny-locator-v3",
-        "+ SFT on real train": Path(args.run) / "sft",
-        "+ GRPO (shipped design)": Path(args.run) / "grpo",
+    grpo = Path(args.run) / "grpo"
+    vote = {"samples": 8, "temperature": 1.0}
+    # (checkpoint, decoding): None is the one its tider_locator.json records; the vote rows
+    # share one cache, so they draw the same 8 samples a question and differ only in the count.
+    levers = {
+        "start (models/tiny-locator-v3)": (ROOT / "models" / "tiny-locator-v3", None),
+        "+ SFT on real train": (Path(args.run) / "sft", None),
+        "+ GRPO, greedy answer": (grpo, {}),
+        **{f"+ GRPO, vote of 8, min {k}": (grpo, {**vote, "min_votes": k}) for k in (1, 2, 3, 4)},
     }
     rows, n = {}, None
-    for i, (name, ckpt) in enumerate(checkpoints.items()):
+    for i, (name, (ckpt, decoding)) in enumerate(levers.items()):
         run_dir = out / f"locator-{i}"
+        options = {"model": str(ckpt), "cache_path": str(out / "llm_cache.sqlite")}
         config = CompareConfig(
             baselines=BASELINES if i == 0 else ("none",),
-            source_options={"locator": {"model": str(ckpt)}},
+            source_options={"locator": options if decoding is None else {**options, "decoding": decoding}},
             memory_keys=keys,
             oracle=i == 0,
         )

@@ -83,6 +83,50 @@ def test_mark_answers_parse_against_the_source_tables(checkpoint, world):
     assert r.ok and r.prediction.windows[0].start.date() == tables[0].lines[k - 1].start.date()
 
 
+def test_a_vote_keeps_the_windows_enough_samples_name():
+    from datetime import datetime
+
+    from tider.locator.chat_source import LocatorOutcome, vote
+    from tider.types import Window, WindowPrediction
+
+    day = [Window(datetime(2024, 1, d), datetime(2024, 1, d)) for d in (1, 2, 3)]
+    answers = [
+        LocatorOutcome("a", WindowPrediction(True, (day[0],))),
+        LocatorOutcome("b", WindowPrediction(True, (day[1], day[0], day[0]))),  # a repeat is one vote
+        LocatorOutcome("c", WindowPrediction(True, (day[2], day[1]))),
+        LocatorOutcome("d", NON_TEMPORAL),
+        LocatorOutcome("e", None, "no_json"),  # votes for nothing
+    ]
+    union = vote(answers, 1)
+    assert union.prediction.windows == (day[0], day[1], day[2])  # most named first
+    assert union.failure is None and union.detail == "1 of 5 samples unparsed" and union.text.count("\n") == 4
+    assert vote(answers, 2).prediction.windows == (day[0], day[1])
+    assert vote(answers, 3).prediction == NON_TEMPORAL  # no window enough samples agree on
+    failed = vote([LocatorOutcome("x", None, "no_json", "no JSON object"), LocatorOutcome("y", None, "schema")], 1)
+    assert (failed.prediction, failed.failure, failed.detail) == (None, "no_json", "no JSON object")
+
+
+def test_the_recorded_decoding_draws_the_answer(checkpoint, world):
+    """A locator whose contract says "vote of 3 samples" asks 3 sampled completions a query,
+    at the recorded temperature; an invalid decoding is refused naming the file."""
+    from tider.locator.contract import Decoding
+
+    ds, store = world
+    vote3 = {"samples": 3, "temperature": 0.7, "min_votes": 2}
+    (checkpoint.parent / METADATA_FILE).write_text(json.dumps({**SETTINGS, "decoding": vote3}))
+    source = make_source("locator", model=str(checkpoint), max_tokens=8)
+    assert source.decoding == Decoding(**vote3) and source.describe()["decoding"] == vote3
+    source.predict_batch([q.public() for q in ds.queries[:2]], store)
+    assert source.client.usage_by_stage()["locator"]["calls"] == 6
+    greedy = make_source("locator", model=str(checkpoint), max_tokens=8, decoding={})  # an explicit override
+    assert greedy.decoding == Decoding()
+    with pytest.raises(ValueError, match="need a temperature > 0"):
+        Decoding(samples=2, temperature=0)
+    (checkpoint.parent / METADATA_FILE).write_text(json.dumps({**SETTINGS, "decoding": {"samples": 2, "min_votes": 3}}))
+    with pytest.raises(LocatorContractError, match=r"ckpt: decoding .* 1 <= min_votes <= samples"):
+        make_source("locator", model=str(checkpoint))
+
+
 def test_unknown_settings_are_refused_unless_allowed(checkpoint, world):
     with pytest.raises(LocatorContractError, match="no tider_locator.json .* allow_unknown_settings"):
         make_source("locator", model=str(checkpoint))

@@ -155,6 +155,9 @@ def test_grpo_tiny_real(tiny_real, recipe_work, real_like):
     for name in recipe["reward_funcs"]:
         assert any(f"rewards/{name}/mean" in h for h in history(out)), name
     assert recipe["test_memories"] == yaml.safe_load((ROOT / "configs/sft/tiny-real.yaml").read_text())["test_memories"]
+    # the served answer is the recipe's vote at the rollout temperature, recorded in the contract
+    decoding = json.loads((out / "tider_locator.json").read_text())["decoding"]
+    assert decoding == {"samples": 8, "temperature": recipe["temperature"], "min_votes": recipe["answer_min_votes"]}
 
 
 def test_grpo_tiny_cpu_vllm_samples_from_the_trained_weights(recipe_work, recipe_data):

@@ -119,7 +119,11 @@ def test_grpo_qwen3_production(production_sft, recipe_work, recipe_data, vllm_se
     assert logged["reader/calls"] > 0, logged
     assert server_log.read_text(errors="replace").count("POST /v1/chat/completions") > served_before
     assert json.loads((out / "dar.json").read_text())["factors"]["0"] == 10.0  # the paper's DAR factors
-    assert (out / "tider_locator.json").exists()
+    assert json.loads((out / "tider_locator.json").read_text())["decoding"] == {
+        "samples": recipe["answer_samples"],
+        "temperature": recipe["temperature"],
+        "min_votes": recipe["answer_min_votes"],
+    }
 
 
 @pytest.mark.vllm

@@ -331,3 +331,17 @@ def test_remote_client_without_the_folder(server, exported_locator, synthetic_sl
         assert main([*argv, "--locator-allow-unknown-settings", "--overwrite"]) == 0
     finally:
         hidden.rename(exported_locator)
+
+
+def test_a_served_vote_is_seeded_and_counts_each_sample(server, synthetic_slice):
+    """A vote decoding (the real recipes record one) asks the server for each sample with
+    its own seed, so the same vote comes back twice; each query costs `samples` requests."""
+    from tider.locator.trained import make_served_locator
+
+    queries, store = synthetic_slice
+    decoding = {"samples": 4, "temperature": 1.0, "min_votes": 2}
+    first, second = (make_served_locator(server.base_url, structured="none", decoding=decoding) for _ in range(2))
+    preds, texts, _ = _predict(first, queries[:4], store)
+    assert _predict(second, queries[:4], store)[:2] == (preds, texts)
+    assert first.client.usage_by_stage()["locator"]["calls"] == 16
+    assert any(len(set(t.split("\n"))) > 1 for t in texts)  # sampled, not four greedy answers

@@ -157,6 +157,7 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
 
     meta = LocatorMetadata.read(grpo)
     assert meta.granularity == "day" and meta.prompt_settings["lines"]["max_lines"] == 4
+    assert meta.decoding["samples"] == 1  # tiny-cpu answers greedily
     budget = yaml.safe_load((ROOT / "configs/grpo/tiny-cpu.yaml").read_text())["max_prompt_tokens"]
     assert meta.prompt_settings["max_prompt_tokens"] == budget  # the recipe's, as trained
     assert meta.timeline["theta_sem"] == 0.35 and meta.embedding_model == "sentence-transformers/all-MiniLM-L6-v2"

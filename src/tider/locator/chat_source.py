@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-from tider.locator.contract import NO_THINKING, OUTPUT_SCHEMA
+from tider.locator.contract import MAX_WINDOWS, NO_THINKING, OUTPUT_SCHEMA, Decoding
 from tider.locator.prompt import PromptSettings, locator_input
 from tider.locator.sources import BaseSource, register_source
 from tider.types import NON_TEMPORAL, Granularity, Query, WindowPrediction
@@ -46,6 +46,21 @@ class LocatorOutcome:
 
     def prediction_json(self, granularity: Granularity) -> dict | None:
         return self.prediction.to_json(granularity) if self.prediction is not None else None
+
+
+def vote(answers: list[LocatorOutcome], min_votes: int) -> LocatorOutcome:
+    """One outcome from several sampled ones: the windows at least ``min_votes`` answers name,
+    most named first. Unparsed answers vote for nothing; all unparsed is the first failure."""
+    parsed = [a.prediction for a in answers if a.prediction is not None]
+    texts = "\n".join(a.text for a in answers)
+    if not parsed:
+        first = answers[0]
+        return LocatorOutcome(texts, None, first.failure, first.detail, first.messages)
+    votes = Counter(w for p in parsed if p.temporal for w in dict.fromkeys(p.windows))
+    kept = tuple(w for w, n in votes.most_common() if n >= min_votes)[:MAX_WINDOWS]
+    prediction = WindowPrediction(temporal=True, windows=kept) if kept else NON_TEMPORAL
+    detail = f"{len(answers) - len(parsed)} of {len(answers)} samples unparsed" if len(parsed) < len(answers) else ""
+    return LocatorOutcome(texts, prediction, None, detail, answers[0].messages)
 
 
 def endpoint_client(
@@ -87,6 +102,8 @@ def predict_batch(
     memory_spans: Sequence | None = None,
     max_tokens: int = LOCATOR_MAX_TOKENS,
     progress: bool = False,
+    temperature: float = 0.0,
+    seed: int | None = None,
 ) -> list[LocatorOutcome]:
     """Send each ``LocatorInput`` to ``client`` and parse the answer against its table."""
     from tider.locator.parse import parse_prediction
@@ -99,7 +116,8 @@ def predict_batch(
         json_schema=OUTPUT_SCHEMA,
         json_schemas=[i.schema() for i in inputs],
         max_tokens=max_tokens,
-        temperature=0.0,
+        temperature=temperature,
+        seed=seed,
         progress=progress,
     )
     spans = list(memory_spans) if memory_spans is not None else [None] * len(inputs)
@@ -135,6 +153,7 @@ class ChatWindowSource(BaseSource):
         granularity: Granularity | None = None,
         max_tokens: int = LOCATOR_MAX_TOKENS,
         resolver=None,
+        decoding: Decoding | None = None,
     ):
         from tider.locator.rules import shared_resolver
 
@@ -144,13 +163,19 @@ class ChatWindowSource(BaseSource):
         self.settings = settings or PromptSettings()
         self.granularity = granularity  # the model's; checked against each memory's
         self.max_tokens = max_tokens
+        self.decoding = decoding or Decoding()
         self.resolver = resolver or shared_resolver()
         self.failures: Counter = Counter()
         self.last_outcomes: list[LocatorOutcome] = []
         self.last_inputs: list = []
 
     def describe(self) -> dict:
-        return {"name": self.name, **self.client.backend.describe(), "prompt_settings": self.settings.to_json()}
+        return {
+            "name": self.name,
+            **self.client.backend.describe(),
+            "prompt_settings": self.settings.to_json(),
+            "decoding": asdict(self.decoding),
+        }
 
     def predict(self, query: Query, store) -> WindowPrediction:
         return self.predict_batch([query], store)[0]
@@ -185,14 +210,20 @@ class ChatWindowSource(BaseSource):
         if self.granularity and self.granularity != granularity:
             raise ValueError(f"{self.name}: the model speaks {self.granularity!r} times, the data is {granularity!r}")
         inputs = self.inputs(queries, store)
-        outcomes = predict_batch(
-            self.client,
-            inputs,
-            granularity,
-            memory_spans=[m.span for m in memories],
-            max_tokens=self.max_tokens,
-            progress=len(inputs) > 8 if progress is None else progress,
-        )
+        ask = {
+            "memory_spans": [m.span for m in memories],
+            "max_tokens": self.max_tokens,
+            "progress": len(inputs) > 8 if progress is None else progress,
+        }
+        if self.decoding.samples == 1:
+            outcomes = predict_batch(self.client, inputs, granularity, **ask)
+        else:
+            d = self.decoding
+            rounds = [
+                predict_batch(self.client, inputs, granularity, temperature=d.temperature, seed=s, **ask)
+                for s in range(d.samples)
+            ]
+            outcomes = [vote(list(answers), d.min_votes) for answers in zip(*rounds)]
         self.last_inputs, self.last_outcomes = inputs, outcomes
         for o in outcomes:
             if o.failure:

@@ -72,6 +72,23 @@ def output_schema(n_lines: int | None = None, n_cues: int | None = None, marks=N
 OUTPUT_SCHEMA: dict[str, Any] = output_schema(marks=True)
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """How the locator's answer is drawn: greedy (``samples`` 1), or a vote of ``samples``
+    completions at ``temperature``: a window stays when at least ``min_votes`` of them name
+    it, and the answer is "no window" when none does."""
+
+    samples: int = 1
+    temperature: float = 1.0
+    min_votes: int = 1
+
+    def __post_init__(self):
+        if self.samples < 1 or not 1 <= self.min_votes <= self.samples:
+            raise ValueError(f"decoding: need samples >= 1 and 1 <= min_votes <= samples, got {self}")
+        if self.samples > 1 and self.temperature <= 0:
+            raise ValueError(f"decoding: {self.samples} samples need a temperature > 0")
+
+
 METADATA_FILE = "tider_locator.json"
 METADATA_FORMAT = 2  # 2: + timeline settings, embedding model and template
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -139,6 +156,7 @@ class LocatorMetadata:
     split_seed: int | None = None
     validation_memories: list | None = None  # a fixed split's held-out memories (else split_seed's)
     test_memories: list | None = None
+    decoding: dict | None = None  # Decoding's fields; None: greedy
     # Written by ``tider export``.
     source_checkpoint: str | None = None
     source_layout: str | None = None
@@ -202,7 +220,15 @@ class LocatorMetadata:
             raise LocatorContractError(f"{where}: output_schema differs from tider.locator.contract.OUTPUT_SCHEMA")
         if self.granularity is not None and self.granularity not in GRANULARITIES:
             raise LocatorContractError(f"{where}: granularity {self.granularity!r} is not one of {GRANULARITIES}")
+        try:
+            self.answer_decoding()
+        except (TypeError, ValueError) as exc:
+            raise LocatorContractError(f"{where}: decoding {self.decoding!r}: {exc}") from exc
         return self
+
+    def answer_decoding(self) -> Decoding:
+        """How the answer is drawn from the model: the recorded ``Decoding``, else greedy."""
+        return Decoding(**self.decoding) if self.decoding is not None else Decoding()
 
     def unknown_prompt_settings(self) -> list[str]:
         """The prompt settings this file does not record (the client cannot rebuild them)."""

@@ -38,6 +38,7 @@ from tider.locator.chat_source import LOCATOR_MAX_TOKENS, ChatWindowSource, endp
 from tider.locator.contract import (
     NO_THINKING,
     TOKENIZER_FILES,
+    Decoding,
     LocatorContractError,
     LocatorMetadata,
     check_export_folder,
@@ -72,7 +73,7 @@ def _template_kwargs(meta: LocatorMetadata) -> dict:
     return NO_THINKING if meta.chat_template_kwargs is None else meta.chat_template_kwargs
 
 
-def _source(client, meta: LocatorMetadata, tokenizer, settings, max_tokens) -> ChatWindowSource:
+def _source(client, meta: LocatorMetadata, tokenizer, settings, max_tokens, decoding=None) -> ChatWindowSource:
     if settings is None and meta.prompt_settings is not None:
         settings = PromptSettings.from_json(meta.prompt_settings)
     source = ChatWindowSource(
@@ -82,6 +83,8 @@ def _source(client, meta: LocatorMetadata, tokenizer, settings, max_tokens) -> C
         settings=settings,
         granularity=meta.granularity,
         max_tokens=max_tokens or LOCATOR_MAX_TOKENS,
+        # The recorded decoding, unless the caller overrides it (an experiment, as ``settings``).
+        decoding=Decoding(**decoding) if isinstance(decoding, dict) else decoding or meta.answer_decoding(),
     )
     source.metadata = meta
     return source
@@ -98,6 +101,7 @@ def make_local_locator(
     batch_size: int = 16,
     max_tokens: int | None = None,
     cache_path: str | None = None,
+    decoding=None,
 ) -> ChatWindowSource:
     """A locator source generating with transformers on a local checkpoint."""
     from tider.llm.backends import LocalHFBackend
@@ -128,7 +132,7 @@ def make_local_locator(
         max_retries=0,
         default_max_tokens=max_tokens or LOCATOR_MAX_TOKENS,
     )
-    return _source(client, meta, backend.tokenizer, settings, max_tokens)
+    return _source(client, meta, backend.tokenizer, settings, max_tokens, decoding)
 
 
 def served_locator_settings(
@@ -191,6 +195,7 @@ def make_served_locator(
     settings: PromptSettings | None = None,
     max_tokens: int | None = None,
     concurrency: int = 16,
+    decoding=None,
 ) -> ChatWindowSource:
     """The trained locator behind an OpenAI-compatible endpoint, as a window source."""
     name, meta, tokenizer = served_locator_settings(
@@ -205,7 +210,7 @@ def make_served_locator(
         concurrency=concurrency,
         chat_template_kwargs=_template_kwargs(meta),
     )
-    return _source(client, meta, tokenizer, settings, max_tokens)
+    return _source(client, meta, tokenizer, settings, max_tokens, decoding)
 
 
 @register_source("locator")

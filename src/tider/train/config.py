@@ -140,6 +140,24 @@ class GRPOScriptArguments(LocatorScriptArguments):
     reader_max_retries: int = field(
         default=2, metadata={"help": "Retries per reader request; after them the completion gets a counted 0 reward."}
     )
+    answer_samples: int = field(
+        default=8,
+        metadata={
+            "help": "How the trained locator answers (recorded in tider_locator.json): 1 is greedy; more is a vote "
+            "of that many completions at the rollout temperature, the policy GRPO trains."
+        },
+    )
+    answer_min_votes: int = field(
+        default=1, metadata={"help": "With answer_samples > 1: a window stays when this many completions name it."}
+    )
+
+    def decoding(self, temperature: float) -> dict:
+        """The answer's decoding for the locator contract (``tider.locator.contract.Decoding``)."""
+        from dataclasses import asdict
+
+        from tider.locator.contract import Decoding
+
+        return asdict(Decoding(self.answer_samples, temperature, self.answer_min_votes))
 
     @property
     def dar_factors(self) -> dict[str, float]:

@@ -111,7 +111,13 @@ def training_data_hash(dataset: Dataset, query_keys) -> str:
 
 
 def training_metadata(
-    script_args, dataset: Dataset, store, *, train_query_keys=(), chat_template_kwargs: dict | None = None
+    script_args,
+    dataset: Dataset,
+    store,
+    *,
+    train_query_keys=(),
+    chat_template_kwargs: dict | None = None,
+    decoding: dict | None = None,
 ) -> LocatorMetadata:
     """What shapes the locator's input in this run (``tider.locator.contract``): the prompt
     settings, and the store's timeline settings and embedding model. Written next to the
@@ -127,5 +133,6 @@ def training_metadata(
         split_seed=script_args.split_seed,
         validation_memories=list(script_args.validation_memories) or None,
         test_memories=list(script_args.test_memories) or None,
+        decoding=decoding,
         **input_settings(store.config),
     )

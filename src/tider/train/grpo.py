@@ -211,6 +211,7 @@ def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None
         splits,
         run=run,
         chat_template_kwargs=training_args.chat_template_kwargs,
+        decoding=script_args.decoding(training_args.temperature),
     )
 
 

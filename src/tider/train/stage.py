@@ -87,6 +87,7 @@ def train_and_save(
     splits,
     run=None,
     chat_template_kwargs: dict | None = None,
+    decoding: dict | None = None,
 ):
     """Both stages' tail: one progress line, which process this is (in the rank's log; the
     2-rank test reads it), train (resuming if asked), save weights and state (the trainer
@@ -107,6 +108,7 @@ def train_and_save(
             store,
             train_query_keys=[q.key for q in splits["train"]],
             chat_template_kwargs=chat_template_kwargs,
+            decoding=decoding,
         ).write(training_args.output_dir)
         logger.info("wrote %s", Path(training_args.output_dir) / METADATA_FILE, extra={"file_only": True})
     if run is not None:
