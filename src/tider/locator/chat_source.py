@@ -18,6 +18,10 @@ reads anyway (``tider.llm.client`` does the fallback). A completion that does no
 is a typed failure (``ParseFailure``), counted in ``source.failures``; the query then
 takes the semantic-only path (``NON_TEMPORAL``), as a non-temporal prediction would. Each
 outcome keeps the prompt that was sent, so the leak validator checks what the model saw.
+
+The answer is greedy, or, when the locator's contract records a ``Decoding`` with several
+samples, a ``vote`` of that many seeded completions at the rollout temperature: the policy
+GRPO trains, whose spread over windows is the model's uncertainty.
 """
 
 from __future__ import annotations
