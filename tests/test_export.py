@@ -1,10 +1,13 @@
 """tider export: LoRA merge and full-weights copy verified by reload, and corrupted exports
 (missing tokenizer, mismatched tider_locator.json, empty weights, unsupported ZeRO-3) refused
-with a message that names the folder and the problem."""
+with a message that names the folder and the problem. The export is atomic: a failed
+verification or an interrupt leaves the previous export as it was and no temporary folder."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 from datetime import date
 
@@ -13,7 +16,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tider.locator.contract import METADATA_FILE, LocatorContractError
-from tider.train.export import ExportError, detect_layout, export_locator, load_locator_metadata
+from tider.train import export as export_module
+from tider.train.export import (
+    ExportError,
+    ExportVerificationError,
+    detect_layout,
+    export_locator,
+    load_locator_metadata,
+)
 from tider.train.tiny import build_tiny_qwen3, iso_dates
 
 CORPUS = [
@@ -192,3 +202,83 @@ def test_not_a_checkpoint_lists_trainer_checkpoints(tmp_path):
     (tmp_path / "run" / "checkpoint-5").mkdir(parents=True)
     with pytest.raises(ExportError, match="checkpoint-5"):
         detect_layout(tmp_path / "run")
+
+
+def _snapshot(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def _corrupt_written_weights(monkeypatch):
+    """The export's writer corrupts one weight (as a bad writer or disk would): the final
+    norm negated flips every logit, so the reloaded export's greedy output must differ."""
+    from safetensors.torch import load_file, save_file
+
+    write = export_module._write_export
+
+    def corrupted(model, tokenizer, meta, folder):
+        write(model, tokenizer, meta, folder)
+        state = load_file(str(folder / "model.safetensors"))
+        state["model.norm.weight"] = -state["model.norm.weight"]
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+    monkeypatch.setattr(export_module, "_write_export", corrupted)
+
+
+def _cli(*argv) -> int:
+    import argparse
+
+    from tider.commands import export as export_command
+
+    parser = argparse.ArgumentParser(prog="tider")
+    export_command.register(parser.add_subparsers())
+    args = parser.parse_args(["export", *argv])
+    return args.func(args)
+
+
+def test_failed_verification_keeps_the_previous_export(tiny_base, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "locator"
+    report = export_locator(tiny_base, out, granularity="day", dtype="float32")
+    assert report.device == ("cuda" if torch.cuda.is_available() else "cpu")
+    before = _snapshot(out)
+    _corrupt_written_weights(monkeypatch)
+    with pytest.raises(ExportVerificationError, match="nothing was written") as failed:
+        export_locator(tiny_base, out, granularity="minute", dtype="float32", overwrite=True)
+    assert failed.value.report.greedy_mismatches and failed.value.report.greedy_identical is False
+    assert _snapshot(out) == before and load_locator_metadata(out).granularity == "day"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["locator"]  # no temporary folder left
+    # The CLI: exit 1 with the comparison printed, and a fresh --out never appears.
+    assert _cli("--checkpoint", str(tiny_base), "--out", str(tmp_path / "fresh"), "--granularity", "day") == 1
+    assert "greedy continuation(s)" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["locator"]
+
+
+def test_interrupted_export_keeps_the_previous_export(tiny_base, tmp_path, monkeypatch):
+    out = tmp_path / "locator"
+    export_locator(tiny_base, out, granularity="day", dtype="float32")
+    before = _snapshot(out)
+    write = export_module._write_export
+
+    def interrupted(model, tokenizer, meta, folder):
+        write(model, tokenizer, meta, folder)
+        raise KeyboardInterrupt  # e.g. Ctrl-C after the weights were written
+
+    monkeypatch.setattr(export_module, "_write_export", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_locator(tiny_base, out, granularity="minute", dtype="float32", overwrite=True)
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["locator"]
+
+
+def test_overwrite_replaces_the_export_once_verified(tiny_base, lora_checkpoint, tmp_path):
+    out = tmp_path / "locator"
+    export_locator(tiny_base, out, granularity="minute", dtype="float32")
+    (out / "stale.txt").write_text("from the previous export")
+    assert _cli("--checkpoint", str(lora_checkpoint), "--out", str(out), "--dtype", "float32", "--overwrite") == 0
+    meta = load_locator_metadata(out)
+    assert meta.source_layout == "lora" and meta.granularity == "day"
+    assert not (out / "stale.txt").exists()
+    assert json.loads((out / "export_report.json").read_text())["greedy_identical"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["locator"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700: servers run as others read it

@@ -15,7 +15,9 @@ def register(subparsers) -> None:
             "tokenizer + chat template + generation config + tider_locator.json, then reload the "
             "export and compare logits and greedy outputs with the source. DeepSpeed ZeRO-3 "
             "checkpoints are gathered with deepspeed's zero_to_fp32 (install tider[gpu]), or run "
-            "`python CKPT/zero_to_fp32.py CKPT OUT --safe_serialization` first."
+            "`python CKPT/zero_to_fp32.py CKPT OUT --safe_serialization` first. The export is "
+            "written and verified in a temporary folder next to --out and renamed into place only "
+            "once verified: a failed export leaves --out (and, with --overwrite, the old export) as it was."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -38,25 +40,39 @@ def register(subparsers) -> None:
     )
     p.add_argument("--data-hash", default=None, help="training-data hash to record (default: from training)")
     p.add_argument("--no-verify", action="store_true", help="skip the reload + logits/greedy comparison")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty --out folder (only once the new export has verified)",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="where to load, merge and verify (auto: CUDA when torch sees a GPU)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from tider.train.export import export_locator
+    from tider.train.export import ExportVerificationError, export_locator
 
-    report = export_locator(
-        args.checkpoint,
-        args.out,
-        dtype=args.dtype,
-        base_model=args.base_model,
-        granularity=args.granularity,
-        data_hash=args.data_hash,
-        verify=not args.no_verify,
-        overwrite=args.overwrite,
-    )
-    print(json.dumps(report.to_json(), indent=2))
-    if report.greedy_identical is False:
-        print(f"export differs from the source on {len(report.greedy_mismatches)} greedy continuation(s)")
+    try:
+        report = export_locator(
+            args.checkpoint,
+            args.out,
+            dtype=args.dtype,
+            base_model=args.base_model,
+            granularity=args.granularity,
+            data_hash=args.data_hash,
+            verify=not args.no_verify,
+            overwrite=args.overwrite,
+            device=args.device,
+        )
+    except ExportVerificationError as exc:
+        # The comparison is the diagnosis: print it as a success would be, then say why it failed.
+        print(json.dumps(exc.report.to_json(), indent=2))
+        print(exc)
         return 1
+    print(json.dumps(report.to_json(), indent=2))
     return 0

@@ -21,13 +21,21 @@ The export is verified by reloading it and comparing, on fixed prompts, the logi
 (max abs difference reported) and the greedy continuations (must be identical) against
 a reference loaded on its own from the checkpoint (for LoRA: the unmerged PeftModel), so
 whatever export does to the model it writes cannot also change what it is compared with.
+
+The export is atomic: it is written and verified in a temporary folder next to ``out`` (same
+filesystem), and only a verified folder is renamed into place. With ``overwrite`` the old
+export is moved aside only then, so a failed or interrupted export leaves the previous one
+intact and never a half-written ``out``. Loading, merging and verification run on CUDA when
+there is a GPU (``device="auto"``): a 1.7B merge and its greedy check take minutes on CPU.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -44,6 +52,7 @@ from tider.locator.contract import (
 logger = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
 
 # Fixed verification prompts: locator-shaped questions, no dataset needed. Short, so the
 # check costs seconds on CPU for the tiny model and well under a minute for a 1.7B one.
@@ -64,11 +73,24 @@ class ExportError(LocatorContractError):
     """A checkpoint cannot be exported, or an export folder is not a usable locator."""
 
 
+class ExportVerificationError(ExportError):
+    """The reloaded export's greedy output differs from the source; nothing was installed.
+    ``report`` holds the comparison (mismatched continuations, logit difference)."""
+
+    def __init__(self, report: ExportReport):
+        self.report = report
+        super().__init__(
+            f"{report.out_dir}: export differs from the source on {len(report.greedy_mismatches)} greedy "
+            f"continuation(s) (max |logit diff| {report.max_abs_logit_diff}); nothing was written there"
+        )
+
+
 @dataclass
 class ExportReport:
     out_dir: str
     source_layout: str  # "lora" | "full" | "zero3"
     dtype: str
+    device: str = "cpu"
     max_abs_logit_diff: float | None = None
     greedy_identical: bool | None = None
     greedy_mismatches: list[dict] = field(default_factory=list)
@@ -176,8 +198,11 @@ def _load_zero3(checkpoint: Path, dtype):
     return model.to(dtype)
 
 
-def load_source(checkpoint: Path, *, layout: str, dtype_name: str = "auto", base_model: str | None = None):
-    """(model to export, reference model for verification, tokenizer source folder)."""
+def load_source(
+    checkpoint: Path, *, layout: str, dtype_name: str = "auto", base_model: str | None = None, device: str = "cpu"
+):
+    """(model to export, reference model for verification, tokenizer source folder), both
+    models on ``device`` (LoRA is merged there)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if layout == "lora":
@@ -188,22 +213,36 @@ def load_source(checkpoint: Path, *, layout: str, dtype_name: str = "auto", base
         if not base:
             raise ExportError(f"{checkpoint}/adapter_config.json names no base model; pass --base-model")
         dtype = _torch_dtype(dtype_name, AutoConfig.from_pretrained(base))
-        reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), checkpoint)
+        load_base = lambda: AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(device)
+        reference = PeftModel.from_pretrained(load_base(), checkpoint)
         reference.eval()
         # merge into a second copy: the unmerged one stays as the verification reference.
-        merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), checkpoint)
-        merged = merged.merge_and_unload()
+        merged = PeftModel.from_pretrained(load_base(), checkpoint).merge_and_unload()
         tok_dir = checkpoint if _has_tokenizer(checkpoint) else Path(base)
         return merged, reference, tok_dir
     if layout == "full":
         check_weights_not_empty(checkpoint)
         dtype = _torch_dtype(dtype_name, AutoConfig.from_pretrained(checkpoint))
-        load = lambda: AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
+        load = lambda: AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).to(device)
         return load(), load(), checkpoint
     if layout == "zero3":
         dtype = _torch_dtype(dtype_name, AutoConfig.from_pretrained(checkpoint))
-        return _load_zero3(checkpoint, dtype), _load_zero3(checkpoint, dtype), checkpoint
+        load = lambda: _load_zero3(checkpoint, dtype).to(device)
+        return load(), load(), checkpoint
     raise ExportError(f"unknown checkpoint layout {layout!r}; known: lora, full, zero3")
+
+
+def resolve_device(name: str = "auto") -> str:
+    """``auto``: CUDA where torch sees a GPU, else CPU. ``cuda`` without a GPU is an error."""
+    import torch
+
+    if name not in DEVICES:
+        raise ExportError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ExportError("--device cuda, but torch sees no CUDA device")
+    return name
 
 
 def _has_tokenizer(folder: Path) -> bool:
@@ -285,7 +324,7 @@ def compare_models(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with torch.inference_mode():
         for ids in _prompt_ids(tokenizer, prompts):
-            x = torch.tensor([ids])
+            x = torch.tensor([ids], device=exported.device)
             a = reference(input_ids=x).logits.float()
             b = exported(input_ids=x).logits.float()
             max_diff = max(max_diff, (a - b).abs().max().item())
@@ -312,34 +351,69 @@ def export_locator(
     data_hash: str | None = None,
     verify: bool = True,
     overwrite: bool = False,
+    device: str = "auto",
 ) -> ExportReport:
-    """Export ``checkpoint`` to ``out_dir`` (see the module docstring) and verify it."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    """Export ``checkpoint`` to ``out_dir`` (see the module docstring) and verify it.
 
+    Raises ``ExportVerificationError`` (nothing installed, a previous ``out_dir`` untouched)
+    when the reloaded export's greedy output differs from the source."""
     checkpoint, out = Path(checkpoint), Path(out_dir)
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    device = resolve_device(device)
     layout = detect_layout(checkpoint)
     training = LocatorMetadata.find(checkpoint)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ExportError(f"{out}: output folder is not empty (pass --overwrite to replace it)")
-        shutil.rmtree(out)
-    model, reference, tok_dir = load_source(checkpoint, layout=layout, dtype_name=dtype, base_model=base_model)
+    _check_replaceable(out, overwrite)
+    model, reference, tok_dir = load_source(
+        checkpoint, layout=layout, dtype_name=dtype, base_model=base_model, device=device
+    )
+    tokenizer = _load_tokenizer(checkpoint, tok_dir)
+    dtype_name = str(next(model.parameters()).dtype).replace("torch.", "")
+    meta = build_metadata(
+        training, granularity=granularity, data_hash=data_hash, layout=layout, dtype=dtype_name, checkpoint=checkpoint
+    )
+    report = ExportReport(out_dir=str(out), source_layout=layout, dtype=dtype_name, device=device)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Same folder as `out`, so the final rename is one filesystem operation.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        _write_export(model, tokenizer, meta, tmp)
+        if verify:
+            _verify(reference, tmp, model, report)
+        _install(tmp, out, overwrite)
+    except BaseException:  # an interrupt too: never leave the temporary folder behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return report
+
+
+def _check_replaceable(out: Path, overwrite: bool) -> None:
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out}: output folder is not empty (pass --overwrite to replace it)")
+
+
+def _load_tokenizer(checkpoint: Path, tok_dir: Path):
+    from transformers import AutoTokenizer
+
     if not _has_tokenizer(tok_dir):
         raise ExportError(f"{checkpoint}: tokenizer missing (none of {', '.join(TOKENIZER_FILES)}) in {tok_dir}")
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     if not tokenizer.chat_template:
         raise ExportError(f"{tok_dir}: tokenizer has no chat template; the locator prompt needs one")
-    dtype_name = str(next(model.parameters()).dtype).replace("torch.", "")
-    meta = build_metadata(
-        training, granularity=granularity, data_hash=data_hash, layout=layout, dtype=dtype_name, checkpoint=checkpoint
-    )
+    return tokenizer
 
-    out.mkdir(parents=True, exist_ok=True)
-    model.config.dtype = dtype_name  # what vLLM's `--dtype auto` will pick
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+
+def _write_export(model, tokenizer, meta: LocatorMetadata, folder: Path) -> None:
+    """Weights, tokenizer, greedy generation config and ``tider_locator.json`` into ``folder``."""
+    from transformers import GenerationConfig
+
+    # mkdtemp makes the folder private (0700); an export is read by servers run as others.
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    model.config.dtype = meta.dtype  # what vLLM's `--dtype auto` will pick
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
     generation = model.generation_config if model.generation_config is not None else GenerationConfig()
     # Greedy by default: the locator's output is a decision, not a sample.
     generation.do_sample = False
@@ -347,17 +421,41 @@ def export_locator(
     generation.pad_token_id = tokenizer.pad_token_id
     for unused in ("temperature", "top_p", "top_k"):
         setattr(generation, unused, None)
-    generation.save_pretrained(out)
-    meta.write(out)
+    generation.save_pretrained(folder)
+    meta.write(folder)
 
-    report = ExportReport(out_dir=str(out), source_layout=layout, dtype=dtype_name)
-    if verify:
-        load_locator_metadata(out)
-        exported = AutoModelForCausalLM.from_pretrained(out, dtype=next(model.parameters()).dtype)
-        exported.eval()
-        reference.eval()
-        reloaded_tok = AutoTokenizer.from_pretrained(out)
-        report.max_abs_logit_diff, report.greedy_mismatches = compare_models(reference, exported, reloaded_tok)
-        report.greedy_identical = not report.greedy_mismatches
-        (out / "export_report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    return report
+
+def _verify(reference, folder: Path, model, report: ExportReport) -> None:
+    """Reload ``folder`` and compare it with ``reference``; fills ``report`` and writes it
+    there, or raises ``ExportVerificationError``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    load_locator_metadata(folder)
+    exported = AutoModelForCausalLM.from_pretrained(folder, dtype=next(model.parameters()).dtype)
+    exported.to(next(model.parameters()).device).eval()
+    reference.eval()
+    reloaded_tok = AutoTokenizer.from_pretrained(folder)
+    report.max_abs_logit_diff, report.greedy_mismatches = compare_models(reference, exported, reloaded_tok)
+    report.greedy_identical = not report.greedy_mismatches
+    if not report.greedy_identical:
+        raise ExportVerificationError(report)
+    (folder / "export_report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+
+
+def _install(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Rename the verified ``tmp`` to ``out``; an old ``out`` is moved aside first and
+    deleted only once the new one is in place (restored if the rename fails)."""
+    _check_replaceable(out, overwrite)  # again: another export may have finished meanwhile
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
