@@ -119,8 +119,10 @@ def test_bm25_with_a_frequent_term_set_aside_is_exact(postgres, depth):
 
     from tider.memory.pg import lexical
     from tider.memory.pg import rank as sql
-    from tider.retrieval.bm25 import expand_message, tokenize
+    from tider.retrieval.bm25 import expand_message
 
+    mem_analysis = RetrievalConfig().lexical()  # the memory's analysis: stems
+    tokenize = mem_analysis.terms
     rng = np.random.default_rng(5)
     words = [f"w{i}" for i in range(400)]
     p = 1 / np.arange(1, 401)
@@ -143,7 +145,9 @@ def test_bm25_with_a_frequent_term_set_aside_is_exact(postgres, depth):
         with mem._read() as snap:
             row = snap.row
             assert sql.cut_at(snap.conn, row, asked) == cut
-            got = lexical.bm25_list(snap.conn, row.id, text, row.n, row.total_length, asked, cut, depth, 0)
+            got = lexical.bm25_list(
+                snap.conn, row.id, text, row.n, row.total_length, asked, cut, depth, 0, mem_analysis
+            )
         q = Counter(tokenize(text))
         df = {t: sum(t in d for d in docs) for t in q}
         scores = []

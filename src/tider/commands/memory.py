@@ -2,6 +2,7 @@
 
 tider memory serve --store URL_OR_DIR [--host 127.0.0.1] [--port 8100] [--locator-url URL | --locator-model PATH]
 tider memory import --dataset {jsonl,locomo,longmemeval,realmem,synthetic} [--path P] --out URL_OR_DIR
+tider memory reindex --store URL_OR_DIR [--memory NAME ...] [--config YAML]
 
 A store is a directory of embedded stores (one per memory) or a PostgreSQL URL
 (``postgresql://user:password@host/db``: every process that opens it shares its
@@ -44,6 +45,13 @@ def register(subparsers) -> None:
     imp.add_argument("--out", required=True, help="PostgreSQL URL or directory to create the memories in")
     imp.add_argument("--limit", type=int, default=None, help="first N conversations only")
     imp.set_defaults(func=run_import)
+    re = sub.add_parser(
+        "reindex", help="rebuild memories with this tider's embedder and lexical analysis (keeps every message)"
+    )
+    re.add_argument("--store", required=True, help="PostgreSQL URL or directory of stores")
+    re.add_argument("--memory", action="append", default=None, help="memory name (repeatable; default: all)")
+    re.add_argument("--config", default=None, help="YAML/JSON RetrievalConfig whose build settings to use")
+    re.set_defaults(func=run_reindex)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -71,4 +79,24 @@ def run_import(args: argparse.Namespace) -> int:
 
     shown = describe_url(args.out) if "://" in args.out else args.out
     print(f"imported {len(counts)} memories ({sum(counts.values())} messages) into {shown}")
+    return 0
+
+
+def run_reindex(args: argparse.Namespace) -> int:
+    from tider.commands.eval_retrieval import load_retrieval_config
+    from tider.memory.backends import open_backend
+    from tider.memory.reindex import SUFFIX, reindex
+
+    config = load_retrieval_config(args.config, None)
+    backend = open_backend(args.store)
+    try:
+        names = args.memory or [n for n in backend.names() if not n.endswith(SUFFIX)]
+        for name in names:
+            done = reindex(backend, name, config)
+            how = "re-embedded" if done["re_embedded"] else "vectors kept"
+            print(f"reindexed {name}: {done['messages']} messages ({how}), lexical {config.lexical().id}")
+    except KeyError as err:
+        raise SystemExit(f"tider memory reindex: {err.args[0]}") from None
+    finally:
+        backend.close()
     return 0

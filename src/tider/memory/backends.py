@@ -10,6 +10,7 @@ through this, so they run on either.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from tider.memory.pg import is_database_url
@@ -45,6 +46,26 @@ class DirectoryBackend:
     def reachable(self) -> bool:
         return self.root.is_dir()
 
+    def drop(self, name: str) -> None:
+        """Delete memory ``name`` (none there: nothing to do)."""
+        shutil.rmtree(self.root / name, ignore_errors=True)
+
+    def swap(self, new: str, name: str) -> None:
+        """Memory ``new`` becomes ``name``, replacing it (``tider.memory.reindex``). The old
+        one is set aside, not deleted, until the new one is in its place."""
+        from tider.memory.files import StoreFiles
+
+        files = StoreFiles(self.root / new)  # its lock: nobody has it open
+        try:
+            files.commit({**files.read_manifest(), "name": name})
+        finally:
+            files.close()
+        aside = self.root / f".{name}.old"
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(self.root / name, aside)
+        os.rename(self.root / new, self.root / name)
+        shutil.rmtree(aside)
+
     def close(self) -> None:
         pass
 
@@ -76,12 +97,33 @@ class DatabaseBackend:
     def reachable(self) -> bool:
         return self.pool.reachable()
 
+    def drop(self, name: str) -> None:
+        """Delete memory ``name``, its rows and its HNSW index (none there: nothing to do)."""
+        with self.pool.connection() as conn, conn.transaction():
+            _drop_memory(conn, name)
+
+    def swap(self, new: str, name: str) -> None:
+        """Memory ``new`` becomes ``name``, replacing it, in one transaction: a reader sees
+        the old memory or the new one."""
+        with self.pool.connection() as conn, conn.transaction():
+            _drop_memory(conn, name)
+            conn.execute("UPDATE tider_memories SET name = %s WHERE name = %s", (name, new))
+
     def close(self) -> None:
         from tider.memory.pg.pool import release
 
         if self.pool is not None:
             release(self.pool)
             self.pool = None
+
+
+def _drop_memory(conn, name: str) -> None:
+    from tider.memory.pg.write import hnsw_name
+
+    row = conn.execute("SELECT id FROM tider_memories WHERE name = %s FOR UPDATE", (name,)).fetchone()
+    if row is not None:
+        conn.execute(f"DROP INDEX IF EXISTS {hnsw_name(row[0])}")  # a partial index outlives its rows
+        conn.execute("DELETE FROM tider_memories WHERE id = %s", (row[0],))
 
 
 def open_backend(store: str | os.PathLike, postgres=None) -> DirectoryBackend | DatabaseBackend:

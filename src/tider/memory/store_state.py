@@ -27,6 +27,8 @@ BUILD_FIELDS = (
     "embed_template",
     "bm25_backend",
     "bm25_method",
+    "lexical_language",
+    "lexical_stemmer",
     "metadata_fields",
     "timeline",
     "hnsw_m",
@@ -37,14 +39,54 @@ MERGE_SEGMENTS_OVER = 32  # more segment files than this: merge them into one
 # None changed what a store holds or returns (summary_words sized summaries nothing read), so
 # they are dropped on opening, whatever their value.
 REMOVED_TIMELINE_SETTINGS = ("summary_words",)
+# Build settings added since stores recorded their config, with the value every store built
+# before them has: its BM25 terms are plain words (no stems), whatever today's default is.
+ADDED_BUILD_SETTINGS = {"lexical_language": "english", "lexical_stemmer": "none"}
+REINDEX_HINT = "re-index it with `tider memory reindex --store {where}{name}` (keeps every message)"
 
 
 def stored_config(config: dict) -> RetrievalConfig:
-    """The ``RetrievalConfig`` a manifest records, less ``REMOVED_TIMELINE_SETTINGS``."""
+    """The ``RetrievalConfig`` a manifest records, less ``REMOVED_TIMELINE_SETTINGS``, plus
+    ``ADDED_BUILD_SETTINGS`` where it predates them."""
     if isinstance(config.get("timeline"), dict):
         timeline = {k: v for k, v in config["timeline"].items() if k not in REMOVED_TIMELINE_SETTINGS}
         config = {**config, "timeline": timeline}
-    return RetrievalConfig.from_json(config)
+    return RetrievalConfig.from_json({**ADDED_BUILD_SETTINGS, **config})
+
+
+def check_build(stored: RetrievalConfig, config: RetrievalConfig, embedder, where: str, hint: str) -> None:
+    """Refuse to open a store built with other index settings, or with another embedder,
+    than ``config`` / ``embedder`` ask for, saying how to re-index (``hint``)."""
+    for f in BUILD_FIELDS:
+        if getattr(config, f) != getattr(stored, f):
+            raise StoreError(
+                f"{where}: built with {f}={getattr(stored, f)!r}, opened with {getattr(config, f)!r}; {hint}"
+            )
+    check_embedder(stored, embedder, where, hint)
+
+
+def check_embedder(stored: RetrievalConfig, embedder, where: str, hint: str) -> None:
+    """An embedder object whose model is not the store's would search other vectors."""
+    from tider.retrieval.embed import embedding_model_id
+
+    given = getattr(embedder, "model_id", None)  # embedders of other makes name no model: trusted
+    if given is not None and given != embedding_model_id(stored.embedding_model):
+        raise StoreError(
+            f"{where}: built with the embedder {embedding_model_id(stored.embedding_model)!r}, "
+            f"opened with {given!r}; {hint}"
+        )
+
+
+def built_with(config: RetrievalConfig, dim: int) -> dict:
+    """What a store records of how its vectors and terms were made (both backends)."""
+    from tider.retrieval.embed import embedding_model_id
+
+    return {
+        "model": embedding_model_id(config.embedding_model),
+        "dim": dim,
+        "template": config.embed_template,
+        "lexical": config.lexical().id,
+    }
 
 
 class VectorBuffer:
@@ -75,12 +117,11 @@ class MemoryState:
         manifest = self.files.read_manifest() if self.files else None
         if manifest is not None:
             stored = stored_config(manifest["config"])
+            hint = REINDEX_HINT.format(where=Path(path).parent, name=f" --memory {Path(path).name}")
             if config is not None:
-                for f in BUILD_FIELDS:
-                    if getattr(config, f) != getattr(stored, f):
-                        raise StoreError(
-                            f"{path}: built with {f}={getattr(stored, f)!r}, opened with {getattr(config, f)!r}"
-                        )
+                check_build(stored, config, embedder, str(path), hint)
+            else:
+                check_embedder(stored, embedder, str(path), hint)
             config, name, granularity = config or stored, manifest["name"], manifest["granularity"]
         self.config = config or RetrievalConfig()
         self.name = name or (Path(path).name if path is not None else "memory")
@@ -160,11 +201,7 @@ class MemoryState:
         m = self.manifest
         name = f"seg-{m['next_segment']:06d}"
         self.files.write_segment(name, [message_to_json(x) for x in fresh], vecs)
-        embedding = {
-            "model": self.config.embedding_model or "default",
-            "dim": int(vecs.shape[1]),
-            "template": self.config.embed_template,
-        }
+        embedding = built_with(self.config, int(vecs.shape[1]))
         self.manifest = {
             **m,
             "segments": m["segments"] + [{"name": name, "messages": len(fresh)}],
@@ -244,7 +281,14 @@ class MemoryState:
         return self._by_pos
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
+        vectors = np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
+        if self.dim is not None and vectors.shape[1] != self.dim:
+            where = self.files.root if self.files else self.name
+            raise StoreError(
+                f"{where}: the embedder gives dimension {vectors.shape[1]}, the store's vectors have {self.dim}; "
+                + REINDEX_HINT.format(where=Path(where).parent, name=f" --memory {Path(where).name}")
+            )
+        return vectors
 
     def bm25(self):
         from tider.retrieval.bm25 import BM25Index
@@ -255,10 +299,10 @@ class MemoryState:
                 saved = self.files.derived_dir("bm25") if self.files else None
                 if saved and saved[1]["messages"] == n:
                     self._bm25 = BM25Index.load(saved[0])
-                else:
+                if self._bm25 is None or self._bm25.n != n or self._bm25.analysis != self.config.lexical():
                     cfg = self.config
                     self._bm25 = BM25Index.from_messages(
-                        self.memory.messages, cfg.metadata_fields, cfg.bm25_backend, cfg.bm25_method
+                        self.memory.messages, cfg.metadata_fields, cfg.bm25_backend, cfg.bm25_method, cfg.lexical()
                     )
                     if self.files is not None:
                         self.files.save_derived("bm25", n, self._bm25.save)

@@ -2,8 +2,9 @@
 
 Each message is indexed as its content plus the metadata it has (speaker/author,
 channel, phase, topic, role), so "what did Alice say in #design" can match on author
-and channel even when the content does not. Tokenisation is ours (lower-case words of
-2+ characters, English stop words removed) and shared by both backends, which is what
+and channel even when the content does not. Terms come from the store's lexical analysis
+(``tider.retrieval.lexical``: words of 2+ characters, stop words removed, Snowball stems by
+default), shared by both implementations and by the PostgreSQL backend, which is what
 makes them comparable:
 
 * ``bm25s`` (default): sparse, fast; ``method`` picks the BM25 variant.
@@ -11,7 +12,7 @@ makes them comparable:
   ``method="robertson"`` scores like ``BM25Okapi`` (tests check identical rankings).
 
 Saved without pickle: the bm25s arrays/JSON via ``BM25.save`` plus our tokenised corpus
-as JSON (rank-bm25 is rebuilt from it on load).
+and the analysis's id as JSON (rank-bm25 is rebuilt from it on load).
 """
 
 from __future__ import annotations
@@ -22,21 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
-from tider.text import words
+from tider.retrieval.lexical import PLAIN_WORDS, LexicalAnalysis
 from tider.types import Message
 
 BACKENDS = ("bm25s", "rank_bm25")
+DEFAULT_ANALYSIS = LexicalAnalysis()
 
 
-def _stopwords() -> frozenset[str]:
-    from bm25s.stopwords import STOPWORDS_EN
-
-    return frozenset(STOPWORDS_EN)
-
-
-def tokenize(text: str, stopwords: frozenset[str] | None = None) -> list[str]:
-    """BM25 terms: ``tider.text.words`` of 2+ characters, English stop words removed."""
-    return words(text, stopwords=_stopwords() if stopwords is None else stopwords, min_chars=2)
+def tokenize(text: str) -> list[str]:
+    """Unstemmed words of 2+ characters, English stop words out: the keywords the locator's
+    timeline lines show (``tider.locator.lines``), which must stay what it trained on."""
+    return PLAIN_WORDS.terms(text)
 
 
 def expand_message(message: Message, fields: Iterable[str] = ("speaker", "channel", "phase", "topic", "role")) -> str:
@@ -48,12 +45,17 @@ def expand_message(message: Message, fields: Iterable[str] = ("speaker", "channe
 class BM25Index:
     """Full-score BM25 over a fixed corpus. ``scores(query)`` -> ``(n,)`` float32."""
 
-    def __init__(self, token_lists: Sequence[Sequence[str]], backend: str = "bm25s", method: str = "lucene"):
+    def __init__(
+        self,
+        token_lists: Sequence[Sequence[str]],
+        backend: str = "bm25s",
+        method: str = "lucene",
+        analysis: LexicalAnalysis = DEFAULT_ANALYSIS,
+    ):
         if backend not in BACKENDS:
             raise ValueError(f"unknown BM25 backend {backend!r}; known: {BACKENDS}")
-        self.backend, self.method = backend, method
+        self.backend, self.method, self.analysis = backend, method, analysis
         self.token_lists = [list(t) for t in token_lists]
-        self._stop = _stopwords()
         self.n = len(self.token_lists)
         if backend == "bm25s":
             import bm25s
@@ -68,9 +70,14 @@ class BM25Index:
             self._model = BM25Okapi([t or ["\x00"] for t in self.token_lists])
 
     @classmethod
-    def from_texts(cls, texts: Sequence[str], backend: str = "bm25s", method: str = "lucene") -> BM25Index:
-        stop = _stopwords()
-        return cls([tokenize(t, stop) for t in texts], backend=backend, method=method)
+    def from_texts(
+        cls,
+        texts: Sequence[str],
+        backend: str = "bm25s",
+        method: str = "lucene",
+        analysis: LexicalAnalysis = DEFAULT_ANALYSIS,
+    ) -> BM25Index:
+        return cls([analysis.terms(t) for t in texts], backend=backend, method=method, analysis=analysis)
 
     @classmethod
     def from_messages(
@@ -79,11 +86,14 @@ class BM25Index:
         fields=("speaker", "channel", "phase", "topic", "role"),
         backend: str = "bm25s",
         method: str = "lucene",
+        analysis: LexicalAnalysis = DEFAULT_ANALYSIS,
     ) -> BM25Index:
-        return cls.from_texts([expand_message(m, fields) for m in messages], backend=backend, method=method)
+        texts = [expand_message(m, fields) for m in messages]
+        return cls.from_texts(texts, backend=backend, method=method, analysis=analysis)
 
     def scores(self, query: str | Sequence[str]) -> np.ndarray:
-        tokens = tokenize(query, self._stop) if isinstance(query, str) else list(query)
+        """Scores of every document; a string query goes through the index's own analysis."""
+        tokens = self.analysis.terms(query) if isinstance(query, str) else list(query)
         if self.backend == "bm25s":
             tokens = [t for t in tokens if t in self._vocab]
             if not tokens:
@@ -105,6 +115,7 @@ class BM25Index:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         meta = {"backend": self.backend, "method": self.method, "n": self.n}
+        meta["analysis"] = {"language": self.analysis.language, "stemmer": self.analysis.stemmer}
         (directory / "bm25_meta.json").write_text(json.dumps(meta))
         (directory / "bm25_tokens.json").write_text(json.dumps(self.token_lists))
         if self.backend == "bm25s":
@@ -115,13 +126,15 @@ class BM25Index:
         directory = Path(directory)
         meta = json.loads((directory / "bm25_meta.json").read_text())
         tokens = json.loads((directory / "bm25_tokens.json").read_text())
+        # an index saved before analyses were recorded holds plain words
+        analysis = LexicalAnalysis(**meta["analysis"]) if "analysis" in meta else PLAIN_WORDS
         if meta["backend"] != "bm25s":
-            return cls(tokens, backend=meta["backend"], method=meta["method"])
+            return cls(tokens, backend=meta["backend"], method=meta["method"], analysis=analysis)
         import bm25s
 
         index = cls.__new__(cls)
         index.backend, index.method, index.token_lists, index.n = "bm25s", meta["method"], tokens, meta["n"]
-        index._stop = _stopwords()
+        index.analysis = analysis
         index._model = bm25s.BM25.load(str(directory / "bm25s"), allow_pickle=False)
         index._vocab = index._model.vocab_dict
         return index

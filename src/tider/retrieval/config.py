@@ -108,6 +108,10 @@ class RetrievalConfig:
     embedding_cache_dir: str | None = None  # None: $TIDER_CACHE or .cache/tider/embeddings
     bm25_backend: Literal["bm25s", "rank_bm25"] = "bm25s"
     bm25_method: str = "lucene"
+    # The lexical analysis both backends index and query with (tider.retrieval.lexical):
+    # stop words of this language out, then its Snowball stems ("none": plain words).
+    lexical_language: str = "english"
+    lexical_stemmer: Literal["snowball", "none"] = "snowball"
     metadata_fields: tuple[str, ...] = ("speaker", "channel", "phase", "topic", "role")
     timeline: TimelineConfig = field(default_factory=TimelineConfig)
 
@@ -117,6 +121,13 @@ class RetrievalConfig:
         if isinstance(self.timeline, dict):
             self.timeline = TimelineConfig(**self.timeline)
         self.metadata_fields = tuple(self.metadata_fields)
+        self.lexical()  # an unknown language or stemmer fails here, not at the first search
+
+    def lexical(self):
+        """The ``LexicalAnalysis`` these settings name."""
+        from tider.retrieval.lexical import LexicalAnalysis
+
+        return LexicalAnalysis(self.lexical_language, self.lexical_stemmer)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -69,6 +69,7 @@ class Embedder:
         show_progress: bool = False,
     ):
         self.model_name = model or default_model_path()
+        self.model_id = embedding_model_id(model)  # what a store records and checks on opening
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(self.model_name).name)[-60:]
         tag += "-" + text_hash(self.model_name)[:8]
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()

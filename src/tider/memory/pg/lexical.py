@@ -1,7 +1,8 @@
 """The lexical channel in SQL: BM25 over the postings, as the embedded store scores it.
 
-Terms are the embedded store's (``tider.retrieval.bm25.tokenize`` over metadata-expanded
-text, computed at add time); the formula is bm25s's "lucene" variant with its defaults,
+Terms are the embedded store's (the memory's ``tider.retrieval.lexical.LexicalAnalysis``
+over metadata-expanded text, stems computed in Python at add time and stored as postings,
+so both backends index and query the same terms); the formula is bm25s's "lucene" variant with its defaults,
 idf = ln(1 + (N - df + 0.5) / (df + 0.5)) and tf / (tf + k1 (1 - b + b dl / avgdl)), over
 the statistics of the whole memory (N, df, avgdl), as a search engine with a filter has
 them; the filter keeps the query's past. A query term repeated counts repeatedly.
@@ -51,11 +52,9 @@ class Term:
         return self.idf * self.count  # the most this term adds to a score (tf / (tf + ...) < 1)
 
 
-def query_terms(conn, memory_id: int, text: str, n: int) -> tuple[list[Term], list[str]]:
+def query_terms(conn, memory_id: int, text: str, n: int, analysis) -> tuple[list[Term], list[str]]:
     """The query's terms that occur in the memory, and its tokens among them in query order."""
-    from tider.retrieval.bm25 import tokenize
-
-    tokens = tokenize(text)
+    tokens = analysis.terms(text)
     counts = Counter(tokens)
     if not counts or not n:
         return [], []
@@ -71,14 +70,23 @@ def query_terms(conn, memory_id: int, text: str, n: int) -> tuple[list[Term], li
 
 
 def bm25_list(
-    conn, memory_id: int, text: str, n: int, total_length: int, asked: datetime, cut: int, depth: int, exact_below: int
+    conn,
+    memory_id: int,
+    text: str,
+    n: int,
+    total_length: int,
+    asked: datetime,
+    cut: int,
+    depth: int,
+    exact_below: int,
+    analysis,
 ) -> LexicalList:
     """The ``depth`` best past messages by BM25. Up to ``exact_below`` messages every
     posting of the query's terms is scored, parts summed in float32 in query order as
     bm25s does (same scores, same ties); above, sums are in double precision rounded once
     (a score may differ from bm25s's in the last float32 bit), and the query's most
     frequent term is set aside (module docstring)."""
-    terms, order = query_terms(conn, memory_id, text, n)
+    terms, order = query_terms(conn, memory_id, text, n, analysis)
     if not terms:
         return LexicalList(np.zeros(0, np.int64), np.zeros(0, np.float32), True)
     by_term = {t.term: t for t in terms}

@@ -20,7 +20,7 @@ import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import numpy as np
@@ -33,7 +33,7 @@ from tider.memory.pg.views import MemoryView
 from tider.memory.pg.write import Fresh, bm25_terms, commit_add, ensure_hnsw, existing_keys, hnsw_state
 from tider.memory.records import MemoryInputError, to_messages
 from tider.memory.store import Ranking
-from tider.memory.store_state import BUILD_FIELDS, stored_config
+from tider.memory.store_state import REINDEX_HINT, built_with, check_build, check_embedder, stored_config
 from tider.memory.temporal_memory import ReadWriteLock, TemporalMemory
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.retriever import uses_windows
@@ -65,6 +65,7 @@ class PostgresMemory(TemporalMemory):
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise MemoryInputError("name", "a database holds many memories: name this one (1 to 200 characters)")
         self.url, self.name, self.pg = path, name, postgres or PostgresConfig()
+        self._embedder = embedder  # before the config check: it checks the embedder too
         self.pool = acquire(path, self.pg)
         try:
             with self.pool.connection() as conn:
@@ -76,7 +77,6 @@ class PostgresMemory(TemporalMemory):
             release(self.pool)
             raise
         self._granularity = stored[1] if stored else granularity
-        self._embedder = embedder
         self.source_options = {**dict(source_options or {}), **({"locator": dict(locator)} if locator else {})}
         self._sources: dict = {}
         self._semantic: OrderedDict = OrderedDict()
@@ -92,17 +92,22 @@ class PostgresMemory(TemporalMemory):
         """The memory's config: the one it was built with; a different index setting is refused."""
         if stored is not None:
             built = stored_config(stored)
-            for f in BUILD_FIELDS if config is not None else ():
-                if f not in ("bm25_backend",) and getattr(config, f) != getattr(built, f):
-                    raise StoreError(
-                        f"memory {self.name!r} at {self.pool.where}: built with {f}={getattr(built, f)!r}, "
-                        f"opened with {getattr(config, f)!r}"
-                    )
+            where, hint = f"memory {self.name!r} at {self.pool.where}", self.reindex_hint()
+            if config is not None:
+                # the database scores BM25 itself: which Python engine would have is moot
+                check_build(built, replace(config, bm25_backend=built.bm25_backend), self._embedder, where, hint)
+            else:
+                check_embedder(built, self._embedder, where, hint)
             config = config or built
         config = config or RetrievalConfig()
         if config.bm25_method != "lucene":
             raise StoreError(f"bm25_method={config.bm25_method!r}: the PostgreSQL backend scores BM25 as 'lucene'")
         return config
+
+    def reindex_hint(self) -> str:
+        from tider.memory.pg.pool import describe_url
+
+        return REINDEX_HINT.format(where=describe_url(self.url), name=f" --memory {self.name}")
 
     @property
     def granularity(self) -> str:
@@ -293,6 +298,9 @@ class PostgresMemory(TemporalMemory):
             found = self._candidates(snap, query, None, hnsw, mode or self.config.semantic, cut)
             return Ranking(found.ids, found.sim)
 
+    def build_indexes(self) -> None:
+        """Nothing to build: each add wrote its postings, statistics and timeline."""
+
     # -- adds ------------------------------------------------------------------------------
     def add(self, messages: Sequence[Message | Mapping], vectors: np.ndarray | None = None) -> list[str]:
         """Add messages (dicts or ``Message``s); as ``TemporalMemory.add``. Committed when
@@ -315,7 +323,7 @@ class PostgresMemory(TemporalMemory):
         fresh_msgs = [records[i] for i in picks]
         vecs = vectors[picks] if vectors is not None else self._embed(fresh_msgs)
         fresh = Fresh(fresh_msgs, vecs, bm25_terms(fresh_msgs, self.config))
-        embedding = {"model": self.config.embedding_model or "default", "template": self.config.embed_template}
+        embedding = built_with(self.config, int(vecs.shape[1]))
         with self.pool.connection() as conn:
             commit_add(conn, memory_id, fresh, self.config, embedding)
             n = conn.execute("SELECT n_messages FROM tider_memories WHERE id = %s", (memory_id,)).fetchone()[0]

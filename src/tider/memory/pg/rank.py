@@ -118,7 +118,9 @@ def lexical_top(conn, row: MemoryRow, text: str, asked: datetime, cut: int, conf
     if pg.lexical == "ts_rank":
         found = ts_rank_list(conn, row.id, text, config.metadata_fields, asked, depth)
     else:
-        found = bm25_list(conn, row.id, text, row.n, row.total_length, asked, cut, depth, config.index_min_messages)
+        found = bm25_list(
+            conn, row.id, text, row.n, row.total_length, asked, cut, depth, config.index_min_messages, config.lexical()
+        )
     if not len(found.pos):
         return None, None
     pos, scores = found.pos, found.scores

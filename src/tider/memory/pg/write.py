@@ -74,11 +74,12 @@ def as_array(vector) -> np.ndarray:
 
 
 def bm25_terms(messages: Sequence[Message], config: RetrievalConfig) -> list[list[str]]:
-    """The embedded store's BM25 tokens of each message (metadata-expanded, stop words out)."""
-    from tider.retrieval.bm25 import _stopwords, expand_message, tokenize
+    """The embedded store's BM25 terms of each message: metadata-expanded, through the
+    memory's lexical analysis (stems stored, so both backends index the same terms)."""
+    from tider.retrieval.bm25 import expand_message
 
-    stop = _stopwords()
-    return [tokenize(expand_message(m, config.metadata_fields), stop) for m in messages]
+    analysis = config.lexical()
+    return [analysis.terms(expand_message(m, config.metadata_fields)) for m in messages]
 
 
 def existing_keys(conn, memory_id: int, keys: Sequence[str]) -> set[str]:
