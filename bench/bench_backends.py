@@ -231,16 +231,30 @@ def eval_table(url: str, workdir: Path) -> dict:
     from tider.cli import main
 
     windows = "none,rules,dbscan-paper,dbscan-tuned,timeline,oracle"
-    out = {}
+    out, top20 = {}, {}
     for backend, extra in (("embedded", []), ("postgres", ["--store", url])):
         run = workdir / f"eval-{backend}"
-        args = ["eval", "retrieval", "--dataset", "locomo", "--path", str(LOCOMO), "--windows", windows]
+        args = ["eval", "retrieval", "--dataset", "locomo", "--path", str(LOCOMO), "--windows", windows, "--k", "20"]
         t0 = time.perf_counter()
         assert main([*args, "--out", str(run), *extra]) == 0
         report = json.loads((run / "report.json").read_text())
         out[backend] = {m: round(r["recall@20"], 4) for m, r in report["methods"].items()}
         out[backend + "_s"] = round(time.perf_counter() - t0, 1)
+        top20[backend] = {m: _top20(run / f"retrieve-{m}.jsonl") for m in report["methods"]}
+    # the two backends' top 20 for the same LoCoMo question: share of common messages
+    out["top20_overlap"] = {
+        m: round(
+            float(np.mean([len(set(a) & set(top20["postgres"][m][q])) / max(len(a), 1) for q, a in lists.items()])), 4
+        )
+        for m, lists in top20["embedded"].items()
+    }
     return out
+
+
+def _top20(path: Path) -> dict[str, list[int]]:
+    """Each question's retrieved top 20 in a run's records (``--k 20``: exactly the top 20)."""
+    rows = (json.loads(line) for line in path.read_text().splitlines())
+    return {row["key"]: row["record"]["ids"] for row in rows if row.get("status") == "ok"}
 
 
 def lexical_comparison(url: str) -> dict:
@@ -296,6 +310,10 @@ def markdown(results: dict) -> str:
         lines += ["|---|" + "---|" * len(ev["embedded"])]
         for b in ("embedded", "postgres"):
             lines.append(f"| {b} ({ev[b + '_s']} s) | " + " | ".join(f"{ev[b][m]:.4f}" for m in ev["embedded"]) + " |")
+        if ev.get("top20_overlap"):
+            lines.append(
+                "| top-20 overlap | " + " | ".join(f"{ev['top20_overlap'][m]:.3f}" for m in ev["embedded"]) + " |"
+            )
     if results.get("lexical"):
         lx = results["lexical"]
         lines += [

@@ -111,3 +111,7 @@ def test_killed_eval_resumes_to_the_same_report(tmp_path):
     a = json.loads((clean / "report.json").read_text())
     b = json.loads((killed / "report.json").read_text())
     assert a["methods"] == b["methods"] and a["by_bucket"] == b["by_bucket"] and a["mcnemar"] == b["mcnemar"]
+    # what each memory cost to build (embedding and indexes) is reported: LongMemEval builds one per question
+    build = a["index_build_s"]
+    assert build["memories"] >= 1 and 0 < build["p50"] <= build["max"]
+    assert f"Index build per memory ({build['memories']} built in this run)" in (clean / "report.md").read_text()

@@ -54,6 +54,15 @@ def markdown(report: dict) -> str:
     ]
     for m, row in report["methods"].items():
         lines.append(f"| {m} | " + " | ".join(_fmt(row.get(c, "")) for c in cols) + " |")
+    build = report.get("index_build_s") or {}
+    if build.get("memories"):
+        lines += [
+            "",
+            (
+                f"Index build per memory ({build['memories']} built in this run): mean {build['mean']} s, "
+                f"p50 {build['p50']} s, p95 {build['p95']} s, max {build['max']} s"
+            ),
+        ]
     for title, key in (
         ("By category (recall@20 / hit_all@20 / n)", "by_category"),
         ("By gold-window bucket (recall@20 / hit_all@20 / n)", "by_bucket"),

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from tider.eval.metrics import query_metrics
 from tider.eval.report import build_report, write_report
 from tider.eval.runner import Stage, StageRunner, file_hash
@@ -149,6 +151,16 @@ def _shown(store: str) -> str:
     return describe_url(store) if is_database_url(store) else str(store)
 
 
+def build_time_summary(seconds: dict[str, float]) -> dict:
+    """Per-memory index build time in this run (memories whose records were all resumed
+    from an earlier run are not built, and not counted)."""
+    values = np.array(list(seconds.values()), dtype=np.float64)
+    if not len(values):
+        return {"memories": 0}
+    stats = {"mean": values.mean(), "p50": np.median(values), "p95": np.percentile(values, 95), "max": values.max()}
+    return {"memories": len(values), **{k: round(float(v), 3) for k, v in stats.items()}}
+
+
 def run_retrieval_eval(
     dataset: Dataset,
     config: RetrievalEvalConfig,
@@ -192,6 +204,7 @@ def run_retrieval_eval(
     report = build_report(records, config.ks, config.mcnemar_k)
     report["n_queries"] = len(queries)
     report["dataset"] = dataset.name
+    report["index_build_s"] = build_time_summary(store.build_seconds)
     if dataset.name == "locomo":
         from tider.data import LOCOMO_CATEGORIES
 

@@ -17,6 +17,7 @@ positions would not line up with the gold.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -42,6 +43,9 @@ class MemoryCollection:
         self.config = config or RetrievalConfig()
         self.embedder = embedder or Embedder(self.config.embedding_model, self.config.embedding_cache_dir)
         self._built: dict[str, TemporalMemory] = {}
+        # per memory, seconds to build it (embedding, cached vectors read back, the indexes):
+        # LongMemEval builds one memory per question, so this is its per-question cost
+        self.build_seconds: dict[str, float] = {}
         self.store, self._backend = store, None
         if store is not None:
             from tider.memory.backends import open_backend
@@ -62,7 +66,11 @@ class MemoryCollection:
             source = self.memories[memory_key]
             if not len(source):
                 raise ValueError(f"memory {memory_key!r} has no messages: nothing to index or retrieve")
-            self._built[memory_key] = self._open(memory_key, source)
+            t0 = time.perf_counter()
+            mem = self._open(memory_key, source)
+            mem.build_indexes()  # here, not at the first search: what a memory costs to index, timed
+            self.build_seconds[memory_key] = time.perf_counter() - t0
+            self._built[memory_key] = mem
         return self._built[memory_key]
 
     def _open(self, memory_key: str, source: Memory) -> TemporalMemory:

@@ -212,6 +212,12 @@ class TemporalMemory:
             raise MemoryInputError("vectors", "a zero vector has no direction")
         return arr / norms  # cosine similarity: unit rows
 
+    def build_indexes(self) -> None:
+        """Build now what the first search would (BM25 over every message; the dense rows
+        and the timeline grow with the adds or are built on their first use)."""
+        with self._lock.reading():
+            self.state.bm25()
+
     def close(self) -> None:
         with self._lock.writing():
             self.state.close()
