@@ -200,6 +200,62 @@ def build_tiny_qwen3(
     return out
 
 
+# Qwen3-1.7B's config.json, written here so that nothing is downloaded: the shapes
+# scripts/gpu_smoke.sh rehearses the production path at, with random weights.
+QWEN3_1_7B_SHAPES = {
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+}
+
+
+def build_qwen3_from_shapes(
+    out_dir: str | Path,
+    tokenizer_dir: str | Path,
+    shapes: dict | None = None,
+    *,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    seed: int = 0,
+) -> Path:
+    """A random-init Qwen3 of ``shapes`` (default Qwen3-1.7B's) around an existing local
+    tokenizer (e.g. the shipped tiny one). The model's vocabulary may be larger than the
+    tokenizer's, as Qwen3's own is (151,936 rows for 151,669 tokens)."""
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    shapes = {**QWEN3_1_7B_SHAPES, **(shapes or {})}
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if shapes["vocab_size"] < len(tokenizer):
+        raise ValueError(f"vocab_size {shapes['vocab_size']} < the tokenizer's {len(tokenizer)} tokens")
+    config = Qwen3Config(
+        **shapes,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        dtype=dtype,
+    )
+    torch.manual_seed(seed)
+    with torch.device(device):  # a 1.7B initialisation takes seconds on a GPU, a minute on CPU
+        model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
+    )
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def date_range_tokens(dataset: Dataset, margin_days: int = 60) -> list[str]:
     """Every ISO date the data (messages and question times) can mention, with a margin
     for relative questions that point before the first message."""

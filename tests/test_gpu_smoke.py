@@ -1,0 +1,57 @@
+"""scripts/gpu_smoke.sh, the rehearsal of the production path, in its CPU form
+(TIDER_SMOKE_ALLOW_CPU=1): the production recipes at test size, a real vLLM reader that
+GRPO's answer_correct asks, TRL's colocated vLLM, the export, vLLM serving it and one
+comparison against the served export. The GPU form runs the same steps at Qwen3-1.7B shapes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = ["preflight", "data", "base", "sft", "reader", "grpo", "export", "serve", "compare"]
+
+
+def _table(stdout: str) -> dict[str, tuple[str, str]]:
+    """step -> (status, figure) from the summary table the script prints last."""
+    rows = re.findall(r"^\| ([\w-]+) \| (ok|FAILED|skipped) \| (\d+) \| (.*) \|$", stdout, flags=re.MULTILINE)
+    return {step: (status, figure) for step, status, _, figure in rows}
+
+
+def test_cpu_smoke_runs_every_step(tmp_path):
+    from tider.llm.vllm_server import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (scripts/setup.sh installs it)")
+    env = {**os.environ, "TIDER_SMOKE_ALLOW_CPU": "1"}
+    run = subprocess.run(
+        ["bash", "scripts/gpu_smoke.sh", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1100,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    table = _table(run.stdout)
+    assert list(table) == STEPS, run.stdout[-3000:]
+    assert all(status == "ok" for status, _ in table.values()), table
+    assert (tmp_path / "summary.md").read_text().count("| ok |") == len(STEPS)
+    assert re.search(r"loss \d+\.\d+ -> \d+\.\d+ \(2 steps\)", table["sft"][1]), table["sft"]
+    # GRPO's answer_correct asked the served reader, and no call failed
+    calls = re.search(r"\((\d+) reader calls, (\d+) failed\)", table["grpo"][1])
+    assert calls and int(calls[1]) > 0 and calls[2] == "0", table["grpo"]
+    assert "POST /v1/chat/completions" in (tmp_path / "reader-vllm.log").read_text(errors="replace")
+    assert table["export"][1].startswith("greedy identical True"), table["export"]
+    # the comparison's locator rows came from the served export
+    assert "recall@20 none" in table["compare"][1] and "locator" in table["compare"][1]
+    assert "POST /v1/chat/completions" in (tmp_path / "serve-vllm.log").read_text(errors="replace")
+    for step in STEPS:
+        assert (tmp_path / f"{step}.log").exists(), step
