@@ -166,3 +166,14 @@ def test_reindex_command(tmp_path, capsys):
         assert len(mem) == 20 and mem.name == "chat"
     with pytest.raises(SystemExit, match="no memory 'nope'"):
         main(["memory", "reindex", "--store", str(tmp_path / "stores"), "--memory", "nope"])
+
+
+def test_reindex_keeps_the_name_a_store_was_given(tmp_path):
+    msgs, vecs = _messages(10)
+    with TemporalMemory(tmp_path / "stores" / "team", name="team-chat", config=PLAIN, embedder=NoEmbedder()) as mem:
+        mem.add(msgs, vectors=vecs)
+    backend = open_backend(str(tmp_path / "stores"))
+    assert reindex(backend, "team", embedder=NoEmbedder())["messages"] == 10
+    with TemporalMemory(tmp_path / "stores" / "team", config=RetrievalConfig(), embedder=NoEmbedder()) as mem:
+        assert mem.name == "team-chat" and len(mem) == 10
+    assert sorted(p.name for p in (tmp_path / "stores").iterdir()) == ["team"]  # nothing set aside is left

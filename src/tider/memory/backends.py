@@ -55,9 +55,14 @@ class DirectoryBackend:
         one is set aside, not deleted, until the new one is in its place."""
         from tider.memory.files import StoreFiles
 
-        files = StoreFiles(self.root / new)  # its lock: nobody has it open
+        old_manifest = StoreFiles(self.root / name)  # the locks: nobody has either open
         try:
-            files.commit({**files.read_manifest(), "name": name})
+            kept = (old_manifest.read_manifest() or {}).get("name", name)  # the memory keeps its name
+        finally:
+            old_manifest.close()
+        files = StoreFiles(self.root / new)
+        try:
+            files.commit({**files.read_manifest(), "name": kept})
         finally:
             files.close()
         aside = self.root / f".{name}.old"
