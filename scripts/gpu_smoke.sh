@@ -98,6 +98,7 @@ cleanup() {  # SIGTERM our servers (they stop vLLM's process group), and wait fo
   PIDS=()
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT  # through the EXIT trap: no server outlives the smoke
 
 free_port() { py "from tider.llm.vllm_server import free_port; print(free_port())"; }
 
@@ -118,14 +119,14 @@ import json; h = [x for x in json.load(open('$1/trainer_state.json'))['log_histo
 ac = [x['rewards/answer_correct/mean'] for x in h if 'rewards/answer_correct/mean' in x]
 calls, fails = (sum(x.get(k, 0) for x in h) for k in ('reader/calls', 'reader/failures'))
 reader = f', answer_correct {sum(ac) / len(ac):.3f} ({calls:.0f} reader calls, {fails:.0f} failed)' if ac else ''
-print(f\"reward {sum(x['reward'] for x in h) / len(h):.3f} over {h[-1]['step']} steps{reader}\")"; }
+n = h[-1]['step']; print(f\"reward {sum(x['reward'] for x in h) / len(h):.3f} over {n} step{'s' * (n != 1)}{reader}\")"; }
 fig_grpo_vllm() { fig_grpo "$OUT/grpo"; }
 fig_grpo_hf() { fig_grpo "$OUT/grpo-hf"; }
-fig_reader() { echo "vLLM: models/tiny-locator-v3 as 'reader' at $(cat "$OUT/reader.ready")"; }
+fig_reader() { echo "vLLM serving models/tiny-locator-v3 as 'reader'"; }
 fig_export() { py "
 import json; r = json.load(open('$OUT/export/export_report.json'))
 print(f\"greedy identical {r['greedy_identical']}, max logit diff {r['max_abs_logit_diff']:.2g}, {r['dtype']} on {r['device']}\")"; }
-fig_serve() { echo "vLLM, served as 'tider-locator' at $(cat "$OUT/serve.ready")"; }
+fig_serve() { echo "vLLM serving the export as 'tider-locator'"; }
 fig_compare() { py "
 import json; t = json.load(open('$OUT/compare/compare.json'))['table']
 r = ', '.join(f\"{m} {t[m]['recall@5']:.3f}/{t[m]['recall@20']:.3f}\" for m in t)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -31,18 +32,25 @@ def test_cpu_smoke_runs_every_step(tmp_path):
     if not vllm_available():
         pytest.skip("vLLM is not installed (scripts/setup.sh installs it)")
     env = {**os.environ, "TIDER_SMOKE_ALLOW_CPU": "1"}
-    run = subprocess.run(
+    # Its own process group: on a timeout SIGTERM reaches the script, which stops its servers.
+    run = subprocess.Popen(
         ["bash", "scripts/gpu_smoke.sh", str(tmp_path)],
         cwd=ROOT,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=1100,
-        check=False,
+        start_new_session=True,
     )
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    table = _table(run.stdout)
-    assert list(table) == STEPS, run.stdout[-3000:]
+    try:
+        stdout, _ = run.communicate(timeout=1100)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGTERM)
+        stdout, _ = run.communicate(timeout=120)
+        pytest.fail(f"gpu_smoke.sh did not finish in 1100 s:\n{stdout[-6000:]}")
+    assert run.returncode == 0, stdout[-8000:]
+    table = _table(stdout)
+    assert list(table) == STEPS, stdout[-3000:]
     assert all(status == "ok" for status, _ in table.values()), table
     assert (tmp_path / "summary.md").read_text().count("| ok |") == len(STEPS)
     assert re.search(r"loss \d+\.\d+ -> \d+\.\d+ \(2 steps\)", table["sft"][1]), table["sft"]
