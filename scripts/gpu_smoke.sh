@@ -190,7 +190,6 @@ serve_export() {  # PORT: tider serve in the background (stdout: this step's log
     kill -0 "$!" 2>/dev/null || return 1
     sleep 1
   done
-  echo "http://127.0.0.1:$1/v1" >"$OUT/serve.ready"
 }
 
 # ------------------------------------------------------------------ the steps
