@@ -102,5 +102,9 @@ def test_grpo_builds_the_answer_reader_from_the_recipe(world, tiny_qwen3_dir):
     args = GRPOScriptArguments(reward_funcs=["format", "answer_correct"], reader_model=str(tiny_qwen3_dir))
     ctx = reward_context(args, ds, store)
     assert ctx.reader.model == str(tiny_qwen3_dir) and ctx.reader.backend.describe()["backend"] == "local_hf"
+    # Qwen3 readers answer without thinking unless the recipe asks: a 64-token answer would end inside <think>
+    assert ctx.reader.backend.chat_template_kwargs == {"enable_thinking": False}
+    args.reader_thinking = True
+    assert reward_context(args, ds, store).reader.backend.chat_template_kwargs == {}
     with pytest.raises(ValueError, match="needs reader_model"):
         reward_context(GRPOScriptArguments(reward_funcs=["answer_correct"]), ds, store)

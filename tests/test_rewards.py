@@ -224,9 +224,10 @@ def test_the_wide_window_shortcut_earns_less_than_a_precise_window(small_world):
     assert abs(sum(gain[n:]) / n) < 0.1 < sum(gain[:n]) / n  # the year-wide window adds ~nothing over semantic search
 
 
-def test_answer_correct_with_a_dead_reader_gives_counted_zeros(small_world):
-    """A reader that stops answering mid-training: bounded retries per request, then a 0
-    reward counted in reader/failures, and no hang (nothing listens on the port)."""
+def test_answer_correct_with_a_dead_reader_gives_counted_no_rewards(small_world):
+    """A reader that stops answering mid-training: bounded retries per request, then no
+    reward (``None``: TRL leaves it out of the sum; a 0 would train toward a dead reader),
+    counted in reader/failures, and no hang (nothing listens on the port)."""
     import time
 
     from tider.llm.backends import OpenAIBackend
@@ -248,7 +249,7 @@ def test_answer_correct_with_a_dead_reader_gives_counted_zeros(small_world):
     t0 = time.monotonic()
     out, logged, _ = _call(["answer_correct"], [text, GARBAGE], [gold] * 2, [True] * 2, ctx=ctx, **args)
     assert time.monotonic() - t0 < 30
-    assert out["answer_correct"] == [0.0, 0.0]
+    assert out["answer_correct"] == [None, 0.0]  # the reader failed / the completion did not parse
     assert logged["reader/failures"] == 1.0 and logged["reader/calls"] == 1.0
     usage = reader.usage_by_stage()["reward_reader"]
     assert usage["errors"] == 1 and usage["attempts"] == 3  # 1 call + 2 bounded retries
@@ -260,12 +261,12 @@ def test_answer_correct_with_a_dead_reader_gives_counted_zeros(small_world):
 def test_reader_that_is_not_up_fails_fast_with_its_url():
     from tider.llm.vllm_server import free_port
     from tider.train.config import GRPOScriptArguments
-    from tider.train.grpo import reader_client
+    from tider.train.grpo import ReaderUnavailable, reader_client
 
     url = f"http://127.0.0.1:{free_port()}/v1"
     args = GRPOScriptArguments(
         reward_funcs=["format", "answer_correct"], reader_model="r", reader_base_url=url, reader_wait_timeout=2.0
     )
-    with pytest.raises(TimeoutError, match=url.replace(".", r"\.")):
+    with pytest.raises(ReaderUnavailable, match=url.replace(".", r"\.")):
         reader_client(args)
     assert reader_client(GRPOScriptArguments(reward_funcs=["format"])) is None

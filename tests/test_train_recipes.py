@@ -53,6 +53,17 @@ def test_production_grpo_follows_tider_table_7():
     assert m.vllm_mode == "server"
 
 
+@pytest.mark.parametrize("name", ["qwen3-1.7b.yaml", "qwen3-1.7b-multinode.yaml"])
+def test_production_grpo_is_sized_for_the_cluster(name):
+    """vLLM's context holds the recipe's prompt and completion budgets, and the batch holds
+    whole groups for the world train.slurm gives it (7 ranks beside the reader, or 16)."""
+    script, t, _ = parse_recipe("grpo", ["--config", str(ROOT / "configs/grpo" / name), "--use_cpu", "true"])
+    assert t.vllm_max_model_length >= script.max_prompt_tokens + t.max_completion_length
+    for world in (7, 8, 16, 24):
+        assert check_generation_batch(t, world) % t.num_generations == 0
+    assert 0 < t.save_steps < 1  # a share of the run: fires whatever the data size
+
+
 def test_unknown_recipe_keys_fail(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((ROOT / "configs/grpo/tiny-cpu.yaml").read_text() + "\nnot_a_field: 3\n")

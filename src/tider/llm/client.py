@@ -44,6 +44,11 @@ class LLMResult:
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def answered(self) -> bool:
+        """The model answered, well formed or not: the failure, if any, is not the transport's."""
+        return self.error is None or not self.error.startswith(("request_failed", "not_called"))
+
     def to_json(self) -> dict:
         return asdict(self)
 

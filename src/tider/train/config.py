@@ -138,7 +138,11 @@ class GRPOScriptArguments(LocatorScriptArguments):
         default=64, metadata={"help": "Token budget of a reader answer (the prompt asks for a short one)."}
     )
     reader_max_retries: int = field(
-        default=2, metadata={"help": "Retries per reader request; after them the completion gets a counted 0 reward."}
+        default=2, metadata={"help": "Retries per reader request; after them the completion gets no reward (None)."}
+    )
+    reader_thinking: bool = field(
+        default=False,
+        metadata={"help": "Let a Qwen3 reader think (chat template enable_thinking); off: the answer fits its budget."},
     )
     answer_samples: int = field(
         default=8,

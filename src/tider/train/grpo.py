@@ -33,10 +33,13 @@ def reward_context(script_args, dataset, store=None) -> RewardContext:
 
 
 def reader_client(script_args):
-    """The reader LLM behind ``answer_correct``, or None when no reward needs one. Waits
-    (bounded, ``reader_wait_timeout``) for the endpoint, so a reader that is not up fails
-    here with its URL instead of as zero rewards; each request has its own timeout and
-    ``reader_max_retries`` retries, after which the completion scores a counted 0."""
+    """The reader LLM behind ``answer_correct``, or None when no reward needs one. A served
+    reader must answer a probe (one short chat request, after a bounded wait of
+    ``reader_wait_timeout`` for the endpoint) before training starts, so a reader that is
+    not up, or serves another model name, fails here with its URL instead of as rewards
+    that never come. Qwen3 readers answer with thinking off unless ``reader_thinking``: a
+    64-token answer would end inside ``<think>``. Each request has its own timeout and
+    ``reader_max_retries`` retries; a call that still fails gives its completion no reward."""
     if "answer_correct" not in script_args.reward_funcs:
         return None
     if not script_args.reader_model:
@@ -45,21 +48,41 @@ def reader_client(script_args):
             "e.g. `tider serve --skip-check`) in the recipe; 'answer_span' is the reader-free proxy"
         )
     from tider.llm.client import make_client
-    from tider.llm.vllm_server import wait_until_ready
+    from tider.locator.contract import NO_THINKING
 
     # reader_base_url: a server (reader_model names the served model); else reader_model is a checkpoint.
     url = script_args.reader_base_url
-    if url:
-        waited = wait_until_ready(url, script_args.reader_wait_timeout, api_key=os.environ.get("TIDER_API_KEY"))
-        logger.info("reader %s at %s is up (waited %.1f s)", script_args.reader_model, url, waited)
     client = make_client(
         url or script_args.reader_model,
         model=script_args.reader_model if url else None,
         timeout=script_args.reader_timeout,
         max_retries=script_args.reader_max_retries,
+        chat_template_kwargs=None if script_args.reader_thinking else NO_THINKING,
     )
     client.default_max_tokens = script_args.reader_max_tokens
+    if url:
+        probe_reader(client, url, script_args)
     return client
+
+
+class ReaderUnavailable(RuntimeError):
+    """The recipe's reader did not answer before training: nothing would score answer_correct."""
+
+
+def probe_reader(client, url: str, script_args) -> None:
+    from tider.llm.vllm_server import wait_until_ready
+
+    try:
+        waited = wait_until_ready(url, script_args.reader_wait_timeout, api_key=os.environ.get("TIDER_API_KEY"))
+    except TimeoutError as exc:
+        raise ReaderUnavailable(f"answer_correct: the reader is not up: {exc}") from None
+    result = client.chat([{"role": "user", "content": "Reply with OK."}], stage="reader_probe", max_tokens=4)
+    if not result.answered:  # any answer will do: the probe asks whether the server serves this model
+        raise ReaderUnavailable(
+            f"answer_correct: the reader at {url} did not answer a probe for model {script_args.reader_model!r} "
+            f"({result.error}); start it (scripts/slurm/train.slurm does) or set reader_base_url/reader_model"
+        )
+    logger.info("reader %s at %s answered a probe (waited %.1f s)", script_args.reader_model, url, waited)
 
 
 def prepare_vllm_colocate_on_cpu(training_args) -> None:

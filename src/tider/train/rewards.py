@@ -16,7 +16,8 @@ TRL 1.16 calls every reward as ``f(prompts=, completions=, completion_ids=,
 | ``answer_span`` | r_out proxy | share of gold-answer tokens in the retrieved text (no LLM) |
 | ``proximity`` | Memory-T1 R_s | smooth distance-to-gold, ``2 / (1 + exp(d / tau))`` (1 when touching) |
 
-Every reward is 0 for a malformed completion. The first configured reward also logs
+Every reward is 0 for a malformed completion; ``answer_correct`` is ``None`` (no reward,
+TRL skips it) where the reader itself failed. The first configured reward also logs
 ``parse/<reason>`` (fraction of the batch per failure reason) via ``log_metric`` and a
 ``parse_failure`` column in the completions table via ``log_extra``, exactly once per batch.
 """
@@ -245,14 +246,15 @@ def _answer_span(completions, *, ctx, parsed, query_key, answer, **kw) -> list[f
 
 
 @register_reward("answer_correct")
-def _answer_correct(completions, *, ctx, parsed, query_key, answer, log_metric=None, **kw) -> list[float]:
+def _answer_correct(completions, *, ctx, parsed, query_key, answer, log_metric=None, **kw) -> list[float | None]:
     """r_out: a reader LLM answers from the retrieved messages with the QA evaluation's flat
     reader prompt, scored by its answer F1 (``tider.scoring.answer_f1``): the
     reward optimises the number the evaluation reports. Memoized by (query, retrieved ids),
     since a group's completions often retrieve the same set; the batch's new pairs go to the
     reader concurrently (``LLMClient.chat_batch``). A call that still fails after the
-    client's bounded retries scores 0, is counted in ``reader/failures`` and is not cached
-    (the next batch asks again)."""
+    client's bounded retries is a typed failure, not an answer: its reward is ``None``, which
+    TRL leaves out of the weighted sum (a dead reader scored 0 would train the policy toward
+    nothing), counted in ``reader/failures`` and not cached (the next batch asks again)."""
     if ctx.reader is None:
         raise ValueError(
             "reward 'answer_correct' needs RewardContext(reader=LLMClient(...)); use 'answer_span' as the cheap proxy"
@@ -271,19 +273,27 @@ def _answer_correct(completions, *, ctx, parsed, query_key, answer, log_metric=N
         else []
     )
     golds = {k: gold for k, gold in zip(keys, answer) if k is not None}
-    scores, failures = {}, 0
+    scores, failed = {}, set()
     for key, result in zip(todo, results):
-        # As in the QA answer stage: a failed call leaves its (usually empty) text, scored the same way.
-        scores[key] = scoring.answer_f1(
-            strip_think(result.text).strip(), golds[key], ctx.query("answer_correct", key[0]).category
-        )
-        failures += not result.ok
+        if not result.answered:  # an empty or odd answer is the reader's answer, scored as such
+            failed.add(key)
+            continue
+        text = strip_think(result.text).strip()
+        score = scoring.answer_f1(text, golds[key], ctx.query("answer_correct", key[0]).category)
+        scores[key] = score
         if result.ok:
-            ctx._answer_cache[key] = scores[key]
+            ctx._answer_cache[key] = score
+    if failed:
+        logger.warning(
+            "answer_correct: %d of %d reader calls failed (%s); no reward for them",
+            len(failed),
+            len(todo),
+            next(r.error for r in results if not r.answered),
+        )
     if log_metric is not None:
-        log_metric("reader/failures", float(failures))
+        log_metric("reader/failures", float(sum(k in failed for k in keys)))
         log_metric("reader/calls", float(len(todo)))
-    return [0.0 if k is None else scores[k] if k in scores else ctx._answer_cache[k] for k in keys]
+    return [0.0 if k is None else None if k in failed else scores.get(k, ctx._answer_cache.get(k)) for k in keys]
 
 
 def _reader_messages(dataset: Dataset, query, ids) -> list[dict]:
@@ -306,11 +316,13 @@ def make_rewards(names: Sequence[str], context: RewardContext | None = None) -> 
 def reward_scores(reward_fns: Sequence[RewardFn], completions: Sequence[str], columns: dict) -> dict[str, np.ndarray]:
     """Each reward function's scores for ``completions`` (texts), by its registry name,
     outside a trainer: ``columns`` are the dataset columns TRL would forward
-    (``tider.train.examples.as_columns``)."""
-    return {
-        fn.__name__: np.asarray(fn(prompts=None, completions=list(completions), **columns), dtype=np.float64)
-        for fn in reward_fns
-    }
+    (``tider.train.examples.as_columns``). A ``None`` (no reward) is NaN."""
+
+    def scores(fn) -> np.ndarray:
+        values = fn(prompts=None, completions=list(completions), **columns)
+        return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+
+    return {fn.__name__: scores(fn) for fn in reward_fns}
 
 
 def _bind(name: str, ctx: RewardContext, log_failures: bool) -> RewardFn:
