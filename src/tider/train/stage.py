@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 from tider.locator.contract import METADATA_FILE
@@ -41,27 +42,43 @@ def start_wandb_run(training_args, project: str):
 def prepare(
     script_args, model_path: str, *, stage: str, dataset: Dataset | None = None, store=None, training_args=None
 ):
-    """Return ``(dataset, store, tokenizer, builder, splits)``; builds the tiny model if asked
-    (the main process builds it, the other ranks then load the same files).
-    ``store`` (a ``tider.memory.MemoryCollection``) is built once here and shared by prompts and rewards."""
+    """Return ``(dataset, store, tokenizer, builder, splits)``; builds the tiny model if asked.
+    ``store`` (a ``tider.memory.MemoryCollection``) is built once here and shared by prompts and rewards.
+
+    The data is prepared once: rank 0 embeds every message and question and resolves every
+    question's time expressions into the on-disk caches (``$TIDER_CACHE``, default
+    ``.cache/tider`` under the working directory: on a cluster, a filesystem every node
+    shares) while the other ranks wait; they then read the same caches and compute nothing."""
     from transformers import AutoTokenizer
 
-    from tider.locator.rules import prepare_cues
-    from tider.memory import MemoryCollection
-
-    dataset = dataset or load_training_dataset(script_args)
-    store = store or MemoryCollection(dataset.memories)
-    builder = PromptBuilder(dataset, store, settings=script_args.prompt_settings())
-    store.prepare(dataset.queries)  # one batched encode of every question the prompts need
-    prepare_cues(builder.resolver, dataset.queries, dataset.memories)  # and their time expressions, on every core
-    if script_args.tiny_model:
-        with main_process_first(training_args, "tiny model"):
+    with main_process_first(training_args, "prepare data"):
+        t0 = time.monotonic()
+        dataset, store, builder, resolved = _prepare_data(script_args, dataset, store)
+        rank = os.environ.get("RANK", "0")
+        logger.info("data on rank %s: %d time expressions resolved here, %.1f s", rank, resolved, time.monotonic() - t0)
+        if script_args.tiny_model:
             ensure_tiny_model(script_args, model_path, dataset, builder)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     builder.tokenizer = tokenizer
     splits = split_queries(dataset, script_args.split_seed, **fixed_split(script_args))
     logger.info("%s on %s: %s", stage, dataset.name, {k: len(v) for k, v in splits.items()})
     return dataset, store, tokenizer, builder, splits
+
+
+def _prepare_data(script_args, dataset, store):
+    from tider.locator.rules import prepare_cues
+    from tider.memory import MemoryCollection
+
+    dataset = dataset or load_training_dataset(script_args)
+    store = store or MemoryCollection(dataset.memories)
+    builder = PromptBuilder(dataset, store, settings=script_args.prompt_settings())
+    held_out = set(script_args.test_memories or ())
+    for key in dict.fromkeys(q.memory_key for q in dataset.queries):
+        if key not in held_out and len(dataset.memories[key]):
+            store.get(key)  # embeds its messages: rank 0 writes the cache the others read
+    store.prepare(dataset.queries)  # one batched encode of every question the prompts need
+    resolved = prepare_cues(builder.resolver, dataset.queries, dataset.memories)  # on every core
+    return dataset, store, builder, resolved
 
 
 def main_process_first(training_args, what: str):
