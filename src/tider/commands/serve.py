@@ -53,6 +53,12 @@ def register(subparsers) -> None:
         action="store_true",
         help="skip vLLM's torch.compile warm-up (minutes on a small CPU; a tiny model gains nothing from it)",
     )
+    _launch_options(p)
+    p.set_defaults(func=run)
+
+
+def _launch_options(p) -> None:
+    """How the server starts and what it serves beyond an export."""
     p.add_argument(
         "--launcher",
         default="module",
@@ -74,12 +80,19 @@ def register(subparsers) -> None:
         action="store_true",
         help="after start-up send one locator request with the JSON schema, print it, and exit",
     )
+    p.add_argument(
+        "--for-trl",
+        action="store_true",
+        help="serve a training checkpoint to GRPO's vllm_mode: server, with the flags `trl vllm-serve` would give "
+        "vLLM (weight transfer, processed logprobs) and VLLM_SERVER_DEV_MODE=1; implies --skip-check",
+    )
     p.add_argument("--print-command", action="store_true", help="print the server command and exit")
-    p.set_defaults(func=run)
 
 
 def server_args(args) -> list[str]:
     """Flags beyond model/host/port/name/key/max-len, in the vLLM spelling."""
+    if getattr(args, "for_trl", False):
+        return trl_args(args)
     extra = ["--dtype", args.dtype, "--generation-config", "auto"]
     if getattr(args, "enforce_eager", False):
         extra.append("--enforce-eager")
@@ -88,6 +101,32 @@ def server_args(args) -> list[str]:
     if args.structured_outputs_backend != "auto":
         extra += ["--structured-outputs-config", json.dumps({"backend": args.structured_outputs_backend})]
     return extra
+
+
+def trl_args(args) -> list[str]:
+    """TRL's own flags for the server its trainer syncs weights into (``trl vllm-serve`` is
+    deprecated in TRL 1.16 and now only runs ``vllm serve`` with them). Data parallel stays 1:
+    vLLM refuses it for dense models; ``--tensor-parallel-size`` spreads one replica instead.
+    Without CUDA the NCCL weight transfer is left out (``tider.llm.vllm_server.trl_server_flags``)."""
+    import torch
+
+    from tider.llm.vllm_server import trl_server_flags
+
+    flags = trl_server_flags(
+        model_source(args.model),
+        port=args.port,
+        host=args.host,
+        cuda=torch.cuda.is_available(),
+        tensor_parallel_size=args.tensor_parallel_size,
+        dtype=args.dtype,
+    )
+    return flags + (["--enforce-eager"] if args.enforce_eager else [])
+
+
+def model_source(model: str) -> str:
+    """A local folder as an absolute path (vLLM's workers may start elsewhere); a Hub id as given."""
+    path = Path(model)
+    return str(path.resolve()) if path.exists() else model
 
 
 def make_server(args):
@@ -106,8 +145,9 @@ def make_server(args):
                 cmd = [exe, "serve", cmd[model_at + 1]] + cmd[3:model_at] + cmd[model_at + 2 :]
             return cmd
 
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"} if args.for_trl else None  # TRL's weight-sync routes
     return LocatorServer(
-        str(Path(args.model).resolve()),
+        model_source(args.model),
         host=args.host,
         port=args.port,
         served_model_name=args.served_model_name,
@@ -117,6 +157,7 @@ def make_server(args):
         extra_args=server_args(args),
         log_path=args.log,
         startup_timeout=args.startup_timeout,
+        env=env,
     )
 
 
@@ -162,7 +203,7 @@ def run(args) -> int:
     from tider.train.export import load_locator_metadata
 
     meta = LocatorMetadata()  # --skip-check: not a tider export, the prompt defaults
-    if not args.skip_check:
+    if not (args.skip_check or args.for_trl):
         try:
             meta = load_locator_metadata(args.model)
         except LocatorContractError as exc:

@@ -95,7 +95,14 @@ def build_server_command(
 
 
 def trl_server_flags(
-    model: str, *, port: int, host: str = "127.0.0.1", cuda: bool = True, extra: Sequence[str] = ()
+    model: str,
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    cuda: bool = True,
+    tensor_parallel_size: int = 1,
+    dtype: str = "auto",
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """The flags ``trl vllm-serve`` gives vLLM's server (TRL's own ``build_command``: weight
     transfer, processed logprobs, unlimited logprobs), after ``--model/--host/--port``.
@@ -105,7 +112,10 @@ def trl_server_flags(
     receive its weights. Run the result with ``VLLM_SERVER_DEV_MODE=1`` in the environment."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
-    command = build_command(ScriptArguments(model=model, host=host, port=port), list(extra))
+    script_args = ScriptArguments(
+        model=model, host=host, port=port, tensor_parallel_size=tensor_parallel_size, dtype=dtype
+    )
+    command = build_command(script_args, list(extra))
     flags = command[command.index("--port") + 2 :]
     if not cuda and "--weight-transfer-config" in flags:
         at = flags.index("--weight-transfer-config")

@@ -1,0 +1,64 @@
+#!/bin/bash
+# One node's part of a scripts/slurm/train.slurm job (one srun step a node). train.slurm
+# sets the roles and the rendezvous in TIDER_* variables; the arguments are the stage, the
+# recipe, the accelerate config and the trainer's extra arguments.
+#
+# The node's GPUs (CUDA_VISIBLE_DEVICES as SLURM set it, else 0..GPUS_PER_NODE-1) are split
+# here, inside one step, so no two SLURM steps have to share a node:
+#   vllm    the first TIDER_VLLM_TP GPUs serve the policy to GRPO's server mode
+#   reader  the last TIDER_READER_GPUS GPUs serve the answer_correct reader
+#   trainer the first TIDER_TRAIN_GPUS of the rest run `accelerate launch`, one rank each
+# A node without the trainer role serves until train.slurm stops it; servers end with the
+# node's step. Server logs go to TIDER_LOG_DIR (JOBNAME-JOBID/ beside the job's log).
+set -euo pipefail
+STAGE=$1 RECIPE=$2 ACCEL=$3
+shift 3
+ROLES=+${TIDER_ROLES:?}+
+has() { [[ "$ROLES" == *"+$1+"* ]]; }
+
+if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then IFS=, read -ra GPUS <<< "$CUDA_VISIBLE_DEVICES"
+else mapfile -t GPUS < <(seq 0 $((${GPUS_PER_NODE:-8} - 1))); fi
+take() { local IFS=,; echo "${GPUS[*]:$1:$2}"; }  # GPUs from index $1, $2 of them
+
+run() {  # run (or, in a dry run, print) a command with CUDA_VISIBLE_DEVICES=$1, in the background if $2 is bg
+    local devices=$1 mode=$2; shift 2
+    if [[ "${TIDER_DRY_RUN:-0}" == 1 ]]; then echo "CUDA_VISIBLE_DEVICES=$devices $*"; return; fi
+    if [[ "$mode" == bg ]]; then CUDA_VISIBLE_DEVICES=$devices "$@" & else CUDA_VISIBLE_DEVICES=$devices "$@"; fi
+}
+# Servers started here stop with this step: on exit and when SLURM or train.slurm sends TERM.
+stop_servers() { local status=$? pids; pids=$(jobs -p); if [[ -n "$pids" ]]; then kill $pids 2>/dev/null || true; wait || true; fi; exit $status; }
+trap stop_servers EXIT
+trap 'exit 143' TERM
+
+first=0  # next free GPU for vllm/trainer
+if has vllm; then
+    run "$(take 0 "$TIDER_VLLM_TP")" bg tider serve --for-trl --model "$TIDER_VLLM_MODEL" --host 0.0.0.0 \
+        --port "$TIDER_VLLM_PORT" --tensor-parallel-size "$TIDER_VLLM_TP" --startup-timeout 1800 \
+        --log "$TIDER_LOG_DIR/vllm.log"
+    first=$TIDER_VLLM_TP
+fi
+if has reader; then
+    # The served name is the recipe's reader_model, which the trainer sends as `model`.
+    run "$(take $((${#GPUS[@]} - TIDER_READER_GPUS)) "$TIDER_READER_GPUS")" bg tider serve --skip-check \
+        --model "$TIDER_READER_MODEL" --served-model-name "$TIDER_READER_MODEL" --host 0.0.0.0 \
+        --port "$TIDER_READER_PORT" --tensor-parallel-size "$TIDER_READER_GPUS" \
+        --max-model-len "$TIDER_READER_MAX_LEN" --startup-timeout 1800 --log "$TIDER_LOG_DIR/reader.log"
+fi
+if ! has trainer; then
+    if [[ "${TIDER_DRY_RUN:-0}" != 1 ]]; then wait; fi
+    exit 0
+fi
+# The trainer waits (bounded) for the servers: TRL's client for vLLM (vllm_server_timeout),
+# tider's reader probe for the reader (reader_wait_timeout); no sleep here. Static
+# rendezvous: node i is machine rank i and global rank 0 sits on the first node, which hosts
+# the store (c10d would ignore --machine_rank and let any node that resolves
+# MASTER_ADDR as its own host the store).
+run "$(take "$first" "$TIDER_TRAIN_GPUS")" fg accelerate launch \
+    --config_file "configs/accelerate/${ACCEL}.yaml" \
+    --num_machines "$TIDER_NUM_MACHINES" \
+    --num_processes $((TIDER_NUM_MACHINES * TIDER_TRAIN_GPUS)) \
+    --machine_rank "$TIDER_MACHINE_RANK" \
+    --main_process_ip "$TIDER_MASTER_ADDR" \
+    --main_process_port "$TIDER_MASTER_PORT" \
+    --rdzv_backend static \
+    -m tider.cli "$STAGE" --config "$RECIPE" "$@"

@@ -1,0 +1,100 @@
+"""scripts/slurm/train.slurm in dry-run mode: what each node of a simulated allocation
+runs (scripts/slurm/node.sh prints its commands). Server mode: the last node serves the
+policy with TRL's flags (`tider serve --for-trl`, one replica) and the reader, the others
+train with one machine rank each and find both by flags; colocate: every node trains and
+the first also serves the reader on a GPU each node keeps back. tests/test_slurm.py runs the
+same forms for real through a SLURM shim."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NODES = ["gpu-a", "gpu-b", "gpu-c"]
+
+
+def dry_run(*args: str, nodes=NODES, env=None) -> tuple[int, dict[str, list[str]], str]:
+    env = {**os.environ, "TIDER_DRY_RUN": "1", "TIDER_DRY_RUN_NODES": " ".join(nodes), **(env or {})}
+    run = subprocess.run(
+        ["bash", "scripts/slurm/train.slurm", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=False
+    )
+    per_node: dict[str, list[str]] = {}
+    for line in run.stdout.splitlines():
+        m = re.match(r"\[(\S+)\] (.*)", line)
+        if m:
+            per_node.setdefault(m.group(1), []).append(m.group(2))
+    return run.returncode, per_node, run.stdout + run.stderr
+
+
+def flag(command: str, name: str) -> str:
+    return re.search(rf"{name} (\S+)", command).group(1)
+
+
+def test_server_mode_last_node_serves_the_others_train():
+    recipe = "configs/grpo/qwen3-1.7b-multinode.yaml"
+    rc, per_node, out = dry_run("grpo", recipe, "zero2", "--max_steps", "5", env={"VLLM_TP": "2"})
+    assert rc == 0, out
+    assert set(per_node) == set(NODES) and len(per_node["gpu-a"]) == len(per_node["gpu-b"]) == 1
+    server, reader = per_node["gpu-c"]
+    model = yaml.safe_load((ROOT / recipe).read_text())["model_name_or_path"]
+    assert "tider serve --for-trl" in server and flag(server, "--model") == model
+    assert flag(server, "--host") == "0.0.0.0" and flag(server, "--port") == "8000"
+    assert flag(server, "--tensor-parallel-size") == "2" and server.startswith("CUDA_VISIBLE_DEVICES=0,1 ")
+    assert "trl vllm-serve" not in out and "data_parallel" not in out  # deprecated; DP errors for dense models
+    assert "tider serve --skip-check" in reader and reader.startswith("CUDA_VISIBLE_DEVICES=7 ")
+    assert flag(reader, "--port") == "8001" and flag(reader, "--model") == "Qwen/Qwen3-8B"
+    for rank, node in enumerate(["gpu-a", "gpu-b"]):
+        [train] = per_node[node]
+        assert "accelerate launch" in train and f"-m tider.cli grpo --config {recipe}" in train
+        assert flag(train, "--machine_rank") == str(rank) and flag(train, "--num_machines") == "2"
+        assert flag(train, "--num_processes") == "16" and flag(train, "--main_process_ip") == "gpu-a"
+        assert flag(train, "--vllm_server_host") == "gpu-c" and flag(train, "--vllm_server_port") == "8000"
+        assert flag(train, "--reader_base_url") == "http://gpu-c:8001/v1"
+        assert "--max_steps 5" in train  # extra arguments reach the trainer
+
+
+def test_colocate_keeps_a_gpu_back_for_the_reader_and_sft_trains_on_all():
+    rc, per_node, out = dry_run("grpo", "configs/grpo/qwen3-1.7b.yaml", "zero3")
+    assert rc == 0, out
+    reader, first = per_node["gpu-a"]
+    assert reader.startswith("CUDA_VISIBLE_DEVICES=7 ") and "tider serve --skip-check" in reader
+    assert first.startswith("CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6 ")
+    assert all(len(per_node[n]) == 1 for n in NODES[1:])  # one reader for the job
+    trains = [per_node[n][-1] for n in NODES]
+    assert sorted(flag(t, "--machine_rank") for t in trains) == ["0", "1", "2"]
+    assert all(
+        flag(t, "--num_processes") == "21" and flag(t, "--config_file") == "configs/accelerate/zero3.yaml"
+        for t in trains
+    )
+    assert all(flag(t, "--reader_base_url") == "http://gpu-a:8001/v1" for t in trains)
+    rc, per_node, out = dry_run("sft", "configs/sft/qwen3-1.7b.yaml", "zero3")
+    assert rc == 0 and "tider serve" not in out and "reader" not in out, out
+    assert all(flag(per_node[n][0], "--num_processes") == "24" for n in NODES)
+
+
+def test_an_external_reader_is_named_not_started():
+    rc, per_node, out = dry_run(
+        "grpo", "configs/grpo/qwen3-1.7b.yaml", "zero2", env={"READER_URL": "http://reader.internal:9000/v1"}
+    )
+    assert rc == 0 and "tider serve" not in out, out
+    assert all(flag(per_node[n][0], "--reader_base_url") == "http://reader.internal:9000/v1" for n in NODES)
+    assert flag(per_node["gpu-a"][0], "--num_processes") == "24"  # no GPU kept back
+
+
+def test_server_mode_on_one_node_is_refused():
+    rc, per_node, out = dry_run("grpo", "configs/grpo/qwen3-1.7b-multinode.yaml", "zero2", nodes=["gpu-a"])
+    assert rc == 2 and "needs >= 2 nodes" in out and not per_node
+
+
+def test_the_log_is_not_in_a_folder_the_job_would_create():
+    """SLURM opens --output/--error before the script runs: a folder in them must already
+    exist, and only the submission directory is sure to."""
+    directives = re.findall(
+        r"^#SBATCH --(output|error)=(.*)$", (ROOT / "scripts/slurm/train.slurm").read_text(), re.MULTILINE
+    )
+    assert directives and all("/" not in path for _, path in directives), directives
