@@ -3,7 +3,8 @@
 ```
 DIR/tider_memory.json          manifest: format version, config, embedding model, segment list
 DIR/segments/seg-000001.jsonl  the messages of one add, one JSON object per line
-DIR/segments/seg-000001.safetensors   their vectors (float32, rows in the same order)
+DIR/segments/seg-000001.safetensors   their vectors (float32, rows in the same order), and
+                               the chunk vectors of their long messages with each one's row
 DIR/index/derived.json         which derived-index folder covers how many messages
 DIR/index/<name>-<n>/          BM25 (bm25s save, no pickle), faiss HNSW, timeline
 DIR/.lock                      held (flock) by the one process that has the store open
@@ -107,8 +108,15 @@ class StoreFiles:
         write_json(self.root / MANIFEST, {**manifest, "format_version": FORMAT_VERSION})
 
     # -- segments ---------------------------------------------------------------------
-    def write_segment(self, name: str, lines: list[dict], vectors: np.ndarray) -> None:
+    def write_segment(self, name: str, lines: list[dict], vectors: np.ndarray, chunks=None) -> None:
+        """``chunks``: ``(vectors, rows)`` of the long messages' extra chunks, ``rows`` the
+        line each belongs to (``tider.retrieval.embed.message_chunks``)."""
         from safetensors.numpy import save_file
+
+        arrays = {"vectors": np.ascontiguousarray(vectors, dtype=np.float32)}
+        if chunks is not None and len(chunks[1]):
+            arrays["chunk_vectors"] = np.ascontiguousarray(chunks[0], dtype=np.float32)
+            arrays["chunk_rows"] = np.ascontiguousarray(chunks[1], dtype=np.int64)
 
         def write_lines(tmp: Path) -> None:
             with open(tmp, "w", encoding="utf-8") as f:
@@ -116,20 +124,30 @@ class StoreFiles:
 
         atomic_write(
             self.segments / f"{name}.safetensors",
-            lambda tmp: save_file({"vectors": np.ascontiguousarray(vectors, dtype=np.float32)}, str(tmp)),
+            lambda tmp: save_file(arrays, str(tmp)),
         )
         atomic_write(self.segments / f"{name}.jsonl", write_lines)
 
     def read_segment(self, name: str) -> tuple[list[dict], np.ndarray]:
-        from safetensors.numpy import load_file
-
         lines = [
             json.loads(line) for line in (self.segments / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
         ]
-        vectors = load_file(str(self.segments / f"{name}.safetensors"))["vectors"]
+        vectors = self.read_vectors(name)["vectors"]
         if len(lines) != len(vectors):
             raise StoreError(f"{self.segments / name}: {len(lines)} messages but {len(vectors)} vectors")
         return lines, vectors
+
+    def read_vectors(self, name: str) -> dict[str, np.ndarray]:
+        from safetensors.numpy import load_file
+
+        return load_file(str(self.segments / f"{name}.safetensors"))
+
+    def read_chunks(self, name: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(vectors, rows)`` of a segment's chunks (none in a segment written before them)."""
+        arrays = self.read_vectors(name)
+        if "chunk_rows" not in arrays:
+            return np.zeros((0, dim), dtype=np.float32), np.zeros(0, dtype=np.int64)
+        return arrays["chunk_vectors"], arrays["chunk_rows"]
 
     def remove_unlisted(self, keep: set[str]) -> None:
         """Delete segment files no manifest lists (what a killed ``add`` or merge left)."""

@@ -45,6 +45,18 @@ class Candidates:
     cut: int  # positions [0, cut) are the past the query may see
 
 
+def best_per_message(pos: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each position of a dense list once, with its best score, best first (ties: lower
+    position): a long message's dense score is its best chunk's. Merging the top-``d`` of
+    the messages' own vectors with the top-``d`` of their best chunks gives the exact
+    top-``d`` by that score (a message in it is in one of the two lists)."""
+    order = np.lexsort((pos, -scores))
+    pos, scores = pos[order], scores[order]
+    _, first = np.unique(pos, return_index=True)
+    keep = np.sort(first)
+    return pos[keep], scores[keep]
+
+
 def fuse(
     dense_pos: np.ndarray | None,
     dense_scores: np.ndarray | None,

@@ -5,9 +5,11 @@ with and refuses to be searched with others (``tider.memory.store_state.check_bu
 Re-indexing builds a fresh memory beside the old one (``<name>.reindex``) from the old
 one's messages, in their time order and with their keys, so positions and keys are kept;
 the old vectors are reused when the embedder and template are unchanged, else every
-message is embedded again. Only when the new memory is complete does it take the old
-one's place (``swap``: a rename, one transaction in PostgreSQL), so a reindex killed
-midway leaves the old memory as it was and a rerun starts the new one over.
+message is embedded again; the chunks of messages longer than the embedder's window are
+embedded (or read from the embedding cache) for the new memory's chunking. Only when the
+new memory is complete does it take the old one's place (``swap``: a rename, one
+transaction in PostgreSQL), so a reindex killed midway leaves the old memory as it was and
+a rerun starts the new one over.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ def reindex(backend, name: str, config: RetrievalConfig | None = None, embedder=
     backend.drop(tmp)  # what an interrupted reindex left
     new = backend.open(tmp, config=target, embedder=embedder, granularity=granularity)
     try:
-        new.add(messages, vectors=vectors if same_vectors and len(messages) else None)
+        # kept vectors are this embedder's: the long messages' chunks are embedded beside them
+        # (read back from the embedding cache where an earlier build embedded them)
+        new.add(messages, vectors=vectors if same_vectors and len(messages) else None, embed_chunks=True)
         if len(new) != len(messages):
             raise RuntimeError(f"reindex of {name!r}: {len(messages)} messages, the new memory holds {len(new)}")
     finally:

@@ -25,6 +25,7 @@ from tider.types import Memory, Message
 BUILD_FIELDS = (
     "embedding_model",
     "embed_template",
+    "embed_chunking",
     "bm25_backend",
     "bm25_method",
     "lexical_language",
@@ -40,8 +41,9 @@ MERGE_SEGMENTS_OVER = 32  # more segment files than this: merge them into one
 # they are dropped on opening, whatever their value.
 REMOVED_TIMELINE_SETTINGS = ("summary_words",)
 # Build settings added since stores recorded their config, with the value every store built
-# before them has: its BM25 terms are plain words (no stems), whatever today's default is.
-ADDED_BUILD_SETTINGS = {"lexical_language": "english", "lexical_stemmer": "none"}
+# before them has: its BM25 terms are plain words (no stems) and a long message has one vector
+# (its first window), whatever today's defaults are.
+ADDED_BUILD_SETTINGS = {"lexical_language": "english", "lexical_stemmer": "none", "embed_chunking": "none"}
 REINDEX_HINT = "re-index it with `tider memory reindex --store {where}{name}` (keeps every message)"
 
 
@@ -77,16 +79,22 @@ def check_embedder(stored: RetrievalConfig, embedder, where: str, hint: str) -> 
         )
 
 
-def built_with(config: RetrievalConfig, dim: int) -> dict:
-    """What a store records of how its vectors and terms were made (both backends)."""
-    from tider.retrieval.embed import embedding_model_id
+def built_with(config: RetrievalConfig, dim: int, embedder=None) -> dict:
+    """What a store records of how its vectors and terms were made (both backends); the
+    chunking names the embedder's window (``tider.retrieval.embed.chunking_id``)."""
+    from tider.retrieval.embed import chunking_id, embedding_model_id
 
     return {
         "model": embedding_model_id(config.embedding_model),
         "dim": dim,
         "template": config.embed_template,
+        "chunking": chunking_id(embedder, config.embed_chunking),
         "lexical": config.lexical().id,
     }
+
+
+def no_chunks(dim: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((0, dim), dtype=np.float32), np.zeros(0, dtype=np.int64)
 
 
 class VectorBuffer:
@@ -133,6 +141,10 @@ class MemoryState:
         self.memory = Memory(self.name, [], granularity)  # time order, Message.id = position
         self.row_of_pos = np.zeros(0, dtype=np.int64)
         self.vectors = VectorBuffer()
+        # the extra chunks of long messages (tider.retrieval.embed), in row order, and the
+        # row each belongs to
+        self.chunks = VectorBuffer()
+        self.chunk_rows = np.zeros(0, dtype=np.int64)
         self.dim: int | None = None
         self.generation = 0
         self.manifest = manifest or {
@@ -158,6 +170,7 @@ class MemoryState:
         messages: list[Message] = []
         for seg in self.manifest["segments"]:
             lines, vecs = self.files.read_segment(seg["name"])
+            self._append_chunks(*self.files.read_chunks(seg["name"], vecs.shape[1]), first_row=len(messages))
             messages += [message_from_json(line, len(messages) + i) for i, line in enumerate(lines)]
             self.vectors.append(vecs)
         self.dim = self.manifest["embedding"].get("dim")
@@ -165,7 +178,10 @@ class MemoryState:
         entry = self.files.derived_dir("faiss")
         self._saved_graph_rows = int(entry[1].get("graph_rows", 0)) if entry else 0
 
-    def add(self, records: Sequence[Message], vectors: np.ndarray | None) -> list[str]:
+    def add(self, records: Sequence[Message], vectors: np.ndarray | None, embed_chunks: bool = False) -> list[str]:
+        """Add the new ones of ``records``; ``vectors`` (one row each) skip the embedder,
+        and then the long messages' chunks are embedded only with ``embed_chunks`` (the
+        vectors are this store's embedder's: a reindex)."""
         keys = [r.key for r in records]
         seen, fresh, picks = set(), [], []
         for i, r in enumerate(records):
@@ -180,12 +196,15 @@ class MemoryState:
             raise StoreError(
                 f"memory {self.name!r}: the embedder gives dimension {vecs.shape[1]}, the store holds {self.dim}"
             )
+        dim = vecs.shape[1]
+        chunks = self._embed_chunks(fresh, dim) if vectors is None or embed_chunks else no_chunks(dim)
         first_row = len(self.memory)
         fresh = [replace(m, id=first_row + i) for i, m in enumerate(fresh)]
         if self.files is not None:
-            self._commit(fresh, vecs)
+            self._commit(fresh, vecs, chunks)
         self.dim = vecs.shape[1]
         self.vectors.append(vecs)
+        self._append_chunks(*chunks, first_row=first_row)
         self._place(fresh, first_row)
         self.flush()
         return keys
@@ -197,11 +216,22 @@ class MemoryState:
             self.embedder.encode([embedding_text(m, self.config.embed_template) for m in messages]), dtype=np.float32
         )
 
-    def _commit(self, fresh: list[Message], vecs: np.ndarray) -> None:
+    def _embed_chunks(self, messages: Sequence[Message], dim: int) -> tuple[np.ndarray, np.ndarray]:
+        from tider.retrieval.embed import embed_chunks
+
+        cfg = self.config
+        return embed_chunks(self.embedder, messages, cfg.embed_template, cfg.embed_chunking, dim)
+
+    def _append_chunks(self, vectors: np.ndarray, rows: np.ndarray, first_row: int) -> None:
+        if len(rows):
+            self.chunks.append(np.asarray(vectors, dtype=np.float32))
+            self.chunk_rows = np.concatenate([self.chunk_rows, first_row + np.asarray(rows, dtype=np.int64)])
+
+    def _commit(self, fresh: list[Message], vecs: np.ndarray, chunks: tuple[np.ndarray, np.ndarray]) -> None:
         m = self.manifest
         name = f"seg-{m['next_segment']:06d}"
-        self.files.write_segment(name, [message_to_json(x) for x in fresh], vecs)
-        embedding = built_with(self.config, int(vecs.shape[1]))
+        self.files.write_segment(name, [message_to_json(x) for x in fresh], vecs, chunks)
+        embedding = built_with(self.config, int(vecs.shape[1]), self.embedder)
         self.manifest = {
             **m,
             "segments": m["segments"] + [{"name": name, "messages": len(fresh)}],
@@ -211,17 +241,19 @@ class MemoryState:
         }
         self.files.commit(self.manifest)
         if len(self.manifest["segments"]) > MERGE_SEGMENTS_OVER:
-            self._merge_segments(vecs)
+            self._merge_segments(vecs, chunks)
 
-    def _merge_segments(self, newest: np.ndarray) -> None:
+    def _merge_segments(self, newest: np.ndarray, newest_chunks: tuple[np.ndarray, np.ndarray]) -> None:
         """Rewrite every segment as one (rows in order), commit, drop the old files."""
         m = self.manifest
         lines = []
         for seg in m["segments"]:
             lines += self.files.read_segment(seg["name"])[0]
         vectors = np.concatenate([self.vectors.rows, newest])
+        chunk_vectors = np.concatenate([self.chunks.rows.reshape(-1, newest.shape[1]), newest_chunks[0]])
+        chunk_rows = np.concatenate([self.chunk_rows, len(self.memory) + newest_chunks[1]])
         name = f"seg-{m['next_segment']:06d}"
-        self.files.write_segment(name, lines, vectors)
+        self.files.write_segment(name, lines, vectors, (chunk_vectors, chunk_rows))
         self.manifest = {
             **m,
             "segments": [{"name": name, "messages": len(lines)}],
@@ -280,6 +312,36 @@ class MemoryState:
             self._by_pos = np.ascontiguousarray(self.vectors.rows[self.row_of_pos])
         return self._by_pos
 
+    def positions_of_rows(self) -> np.ndarray:
+        """The time-order position of every row."""
+        n = len(self.memory)
+        if self._pos_of_row is None or len(self._pos_of_row) != n:
+            self._pos_of_row = np.empty(n, dtype=np.int64)
+            self._pos_of_row[self.row_of_pos] = np.arange(n)
+        return self._pos_of_row
+
+    def dense_scores(self, vector: np.ndarray) -> np.ndarray:
+        """Every message's dense score by position (exact scoring): the cosine of its own
+        vector, or of its best chunk where that is higher."""
+        scores = self.vectors_by_position() @ vector
+        if self.chunks.n:
+            np.maximum.at(scores, self.positions_of_rows()[self.chunk_rows], self.chunks.rows @ vector)
+        return scores
+
+    def chunk_search(self, vector: np.ndarray, cut: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(positions, best chunk cosine)`` of the ``depth`` past messages whose best chunk
+        scores highest. Chunks are scanned exactly (they are the long messages' extra
+        vectors, a minority of the rows; no graph over them yet)."""
+        if not self.chunks.n:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        pos = self.positions_of_rows()[self.chunk_rows]
+        past = pos < cut
+        best = np.full(cut, -np.inf, dtype=np.float32)
+        np.maximum.at(best, pos[past], (self.chunks.rows @ vector)[past])  # the floats dense_scores has
+        owners = np.flatnonzero(np.isfinite(best))
+        top = owners[np.lexsort((owners, -best[owners]))][:depth]
+        return top, best[top]
+
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         vectors = np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
         if self.dim is not None and vectors.shape[1] != self.dim:
@@ -336,12 +398,13 @@ class MemoryState:
             past = np.zeros(n, dtype=bool)
             past[self.row_of_pos[:cut]] = True
         rows, scores = index.search(vector, self.config.index_depth, past, self.config.hnsw_ef_search)
-        if self._in_order:
-            return rows, scores
-        if self._pos_of_row is None:
-            self._pos_of_row = np.empty(n, dtype=np.int64)
-            self._pos_of_row[self.row_of_pos] = np.arange(n)
-        return self._pos_of_row[rows], scores
+        pos = rows if self._in_order else self.positions_of_rows()[rows]
+        if not self.chunks.n:
+            return pos, scores
+        from tider.memory.index import best_per_message
+
+        chunk_pos, chunk_scores = self.chunk_search(vector, min(cut, n), self.config.index_depth)
+        return best_per_message(np.concatenate([pos, chunk_pos]), np.concatenate([scores, chunk_scores]))
 
     def timeline(self):
         from tider.retrieval.timeline import Timeline, build_timeline

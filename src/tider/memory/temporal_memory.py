@@ -184,16 +184,19 @@ class TemporalMemory:
         self._own(name)
         return self.state.timeline()
 
-    def add(self, messages: Sequence[Message | Mapping], vectors: np.ndarray | None = None) -> list[str]:
+    def add(
+        self, messages: Sequence[Message | Mapping], vectors: np.ndarray | None = None, embed_chunks: bool = False
+    ) -> list[str]:
         """Add messages (dicts or ``Message``s); ``vectors`` (n x dim float32, one row per
-        input message) skips the embedder. Returns every input message's key; a key the
-        memory already holds is a no-op. Persistent stores have committed the messages
-        when this returns."""
+        input message) skips the embedder, and with them a long message gets no chunk
+        vectors unless ``embed_chunks`` (the vectors are this memory's embedder's, as in a
+        reindex). Returns every input message's key; a key the memory already holds is a
+        no-op. Persistent stores have committed the messages when this returns."""
         records = to_messages(messages)
         if vectors is not None:
             vectors = self._check_vectors(vectors, len(records), self.state.dim)
         with self._lock.writing():
-            keys = self.state.add(records, vectors)
+            keys = self.state.add(records, vectors, embed_chunks)
             with self._cache_lock:
                 self._semantic.clear()
         return keys
@@ -359,7 +362,7 @@ class TemporalMemory:
             )
         bm25 = state.bm25().scores(query.text) if mode in ("bm25", "hybrid") else None
         if exact:
-            dense = state.vectors_by_position() @ vector if vector is not None else None
+            dense = state.dense_scores(vector) if vector is not None else None
             sim = exact_similarity(
                 None if dense is None else dense[:cut], None if bm25 is None else bm25[:cut], self.config, mode
             )

@@ -106,6 +106,10 @@ class RetrievalConfig:
     # LoCoMo dev goes 0.355 -> 0.504 (questions name people; measured, see README).
     embed_template: str = "{speaker}: {text}"
     embedding_cache_dir: str | None = None  # None: $TIDER_CACHE or .cache/tider/embeddings
+    # A message longer than the embedder's window: "window" embeds its tail too, as
+    # overlapping window-sized chunks, and its dense score is its best chunk's
+    # (tider.retrieval.embed); "none": only its first window is ever seen.
+    embed_chunking: Literal["window", "none"] = "window"
     bm25_backend: Literal["bm25s", "rank_bm25"] = "bm25s"
     bm25_method: str = "lucene"
     # The lexical analysis both backends index and query with (tider.retrieval.lexical):
@@ -118,6 +122,8 @@ class RetrievalConfig:
     def __post_init__(self) -> None:
         if self.semantic not in SEMANTIC_MODES:
             raise ValueError(f"semantic mode {self.semantic!r} unknown; choose one of {SEMANTIC_MODES}")
+        if self.embed_chunking not in ("window", "none"):
+            raise ValueError(f"embed_chunking {self.embed_chunking!r} unknown; choose window or none")
         if isinstance(self.timeline, dict):
             self.timeline = TimelineConfig(**self.timeline)
         self.metadata_fields = tuple(self.metadata_fields)

@@ -9,6 +9,13 @@ Cache layout: ``<cache_dir>/<model-tag>/<sha1[:2]>/<sha1>.npy``, one vector per 
 text, where the sha1 covers the text only and the model tag covers the model name: a
 changed model never reads another model's vectors, and a killed run loses nothing it
 already wrote (each file is written to a temp name, then renamed).
+
+Long texts. The model reads at most ``Embedder.window`` wordpieces of a text (its
+``max_seq_length`` less the special tokens) and drops the rest. ``message_chunks`` gives,
+for each message longer than that, the extra texts to embed so that its tail is seen too:
+its text cut into window-sized pieces that overlap by ``CHUNK_OVERLAP`` of a window, each
+through the embedding template, after the first window (which the message's own vector
+already covers). A message that fits has none, so its vectors are exactly as before.
 """
 
 from __future__ import annotations
@@ -23,6 +30,11 @@ from pathlib import Path
 import numpy as np
 
 _LOADING = threading.Lock()
+# Consecutive chunks share a quarter of a window (63 of MiniLM's 254 wordpieces, ~45 words):
+# a sentence or two that straddles a cut is whole in one of the two chunks, and the text is
+# embedded 4/3 times over, not twice as with half-window overlap.
+CHUNK_OVERLAP = 0.25
+CHUNKING_MODES = ("window", "none")
 
 
 def default_model_path() -> str:
@@ -50,11 +62,66 @@ def embedding_model_id(model: str | None) -> str:
     return model or DEFAULT_MODEL_ID
 
 
-def embedding_text(message, template: str = "{speaker}: {text}") -> str:
-    """The text embedded for a message: ``template`` over its fields (text, speaker, ...)."""
+def embedding_text(message, template: str = "{speaker}: {text}", text: str | None = None) -> str:
+    """The text embedded for a message: ``template`` over its fields (text, speaker, ...);
+    ``text`` in place of the message's own (a chunk of it)."""
     from dataclasses import fields
 
-    return template.format(**{f.name: getattr(message, f.name) for f in fields(message)})
+    values = {f.name: getattr(message, f.name) for f in fields(message)}
+    return template.format(**({**values, "text": text} if text is not None else values))
+
+
+def piece_starts(n: int, budget: int) -> list[int]:
+    """Token starts of the pieces after the first of an ``n``-token text, each ``budget``
+    tokens long: evenly spaced from 0 to ``n - budget`` (the last piece ends the text), at
+    most ``budget * (1 - CHUNK_OVERLAP)`` apart, so every piece is a whole window and
+    neighbours overlap by at least ``CHUNK_OVERLAP`` of one."""
+    if n <= budget or budget < 1:
+        return []
+    stride = max(1, budget - int(budget * CHUNK_OVERLAP))
+    pieces = -(-(n - budget) // stride)  # ceil: pieces after the first
+    return [round(i * (n - budget) / pieces) for i in range(1, pieces + 1)]
+
+
+def chunking_id(embedder, mode: str) -> str:
+    """What a store records of how long texts were embedded: ``none``, or the window and
+    overlap in tokens (``window254-overlap63``); ``none`` for an embedder with no tokenizer."""
+    window = getattr(embedder, "window", None) if mode == "window" else None
+    if not window:
+        return "none"
+    return f"window{window}-overlap{int(window * CHUNK_OVERLAP)}"
+
+
+def message_chunks(embedder, messages, template: str, mode: str = "window") -> list[list[str]]:
+    """Per message, the extra texts embedded for it (module docstring): [] when its
+    embedding text fits the embedder's window, when ``mode`` is ``none`` or when the
+    embedder has no tokenizer to measure with (one given by the caller, say)."""
+    if mode not in CHUNKING_MODES:
+        raise ValueError(f"chunking {mode!r} unknown; choose one of {CHUNKING_MODES}")
+    if mode == "none" or not hasattr(embedder, "split") or not messages:
+        return [[] for _ in messages]
+    texts = [embedding_text(m, template) for m in messages]
+    long = [i for i, n in enumerate(embedder.token_counts(texts)) if n > embedder.window]
+    out: list[list[str]] = [[] for _ in messages]
+    if not long:
+        return out
+    # the template's own tokens (the speaker's name) ride along in every chunk
+    overhead = embedder.token_counts([embedding_text(messages[i], template, text="") for i in long])
+    for i, extra in zip(long, overhead):
+        pieces = embedder.split(messages[i].text, embedder.window - extra)
+        out[i] = [embedding_text(messages[i], template, text=p) for p in pieces[1:]]
+    return out
+
+
+def embed_chunks(embedder, messages, template: str, mode: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(vectors, owners)``: the vectors of ``message_chunks`` and, for each, the index in
+    ``messages`` of the message it belongs to (ascending)."""
+    lists = message_chunks(embedder, messages, template, mode)
+    owners = np.array([i for i, chunks in enumerate(lists) for _ in chunks], dtype=np.int64)
+    texts = [t for chunks in lists for t in chunks]
+    if not texts:
+        return np.zeros((0, dim), dtype=np.float32), owners
+    return np.asarray(embedder.encode(texts), dtype=np.float32), owners
 
 
 class Embedder:
@@ -95,6 +162,39 @@ class Embedder:
         if self._dim is None:
             self._dim = int(self.encode(["dimension probe"]).shape[1])
         return self._dim
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+    @property
+    def window(self) -> int:
+        """Wordpieces of a text the model reads: ``max_seq_length`` less the special tokens."""
+        return int(self.model.max_seq_length) - self.tokenizer.num_special_tokens_to_add(pair=False)
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        if not texts:
+            return []
+        enc = self.tokenizer(list(texts), add_special_tokens=False, truncation=False)
+        return [len(ids) for ids in enc["input_ids"]]
+
+    def split(self, text: str, budget: int) -> list[str]:
+        """``text`` cut into pieces of at most ``budget`` tokens (``piece_starts``): the
+        first from its start, the rest overlapping; cuts fall between words (the tokenizer's
+        word ids), so a piece tokenizes as it did inside the text."""
+        enc = self.tokenizer(text, add_special_tokens=False, truncation=False, return_offsets_mapping=True)
+        spans, words = enc["offset_mapping"], enc.word_ids()
+        n = len(spans)
+        if n <= budget:
+            return [text]
+        word_start = [i == 0 or words[i] != words[i - 1] for i in range(n)] + [True]
+        pieces = []
+        for start in [0, *piece_starts(n, budget)]:
+            lo = next((j for j in range(start, n) if word_start[j]), start)  # a piece starts at a word
+            end = min(n, lo + budget)
+            hi = next((j for j in range(end, lo, -1) if word_start[j]), end)  # ... and ends before one
+            pieces.append(text[spans[lo][0] : spans[hi - 1][1]])
+        return pieces
 
     def _path(self, digest: str) -> Path:
         return self.cache_dir / digest[:2] / f"{digest}.npy"

@@ -302,7 +302,9 @@ class PostgresMemory(TemporalMemory):
         """Nothing to build: each add wrote its postings, statistics and timeline."""
 
     # -- adds ------------------------------------------------------------------------------
-    def add(self, messages: Sequence[Message | Mapping], vectors: np.ndarray | None = None) -> list[str]:
+    def add(
+        self, messages: Sequence[Message | Mapping], vectors: np.ndarray | None = None, embed_chunks: bool = False
+    ) -> list[str]:
         """Add messages (dicts or ``Message``s); as ``TemporalMemory.add``. Committed when
         this returns; a key the memory holds (added by any process) is a no-op."""
         records = to_messages(messages)
@@ -323,7 +325,14 @@ class PostgresMemory(TemporalMemory):
         fresh_msgs = [records[i] for i in picks]
         vecs = vectors[picks] if vectors is not None else self._embed(fresh_msgs)
         fresh = Fresh(fresh_msgs, vecs, bm25_terms(fresh_msgs, self.config))
-        embedding = built_with(self.config, int(vecs.shape[1]))
+        if vectors is None or embed_chunks:
+            from tider.retrieval.embed import embed_chunks as chunk_vectors
+
+            cfg = self.config
+            fresh.chunk_vectors, fresh.chunk_owners = chunk_vectors(
+                self.embedder, fresh_msgs, cfg.embed_template, cfg.embed_chunking, vecs.shape[1]
+            )
+        embedding = built_with(self.config, int(vecs.shape[1]), self.embedder)
         with self.pool.connection() as conn:
             commit_add(conn, memory_id, fresh, self.config, embedding)
             n = conn.execute("SELECT n_messages FROM tider_memories WHERE id = %s", (memory_id,)).fetchone()[0]

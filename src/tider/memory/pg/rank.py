@@ -7,7 +7,9 @@ Per query, in one read-only snapshot:
 - the dense list: pgvector's inner product on unit vectors (= cosine), best first among
   the past: an exact scan of the memory's rows, ``rrf_depth`` deep, or, from
   ``hnsw_min_messages`` visible messages on and with its index built, the memory's HNSW
-  index, about ``PostgresConfig.hnsw_depth`` deep;
+  index, about ``PostgresConfig.hnsw_depth`` deep; merged with the same depth of past
+  messages ranked by their best chunk (``tider_chunks``, scanned exactly), each message
+  keeping its best score (``tider.memory.index.best_per_message``);
 - the lexical list: BM25 in SQL (``tider.memory.pg.lexical``), ``rrf_depth`` deep; when
   fewer messages match, it goes on with the earliest non-matching past positions at score
   0, as the embedded store's rank of a score vector does;
@@ -89,26 +91,40 @@ def dense_sql(row: MemoryRow, hnsw: bool) -> str:
     )
 
 
+# The past messages by their best chunk: the chunks are a minority (long messages' extra
+# windows), scanned exactly; no graph over them yet.
+CHUNK_SQL = (
+    "SELECT m.pos, min(c.embedding <#> %(q)s) AS d FROM tider_chunks c JOIN tider_messages m "
+    "ON m.memory_id = c.memory_id AND m.seq = c.seq WHERE c.memory_id = %(m)s AND m.ts <= %(asked)s "
+    "GROUP BY m.pos ORDER BY d, m.pos LIMIT %(depth)s"
+)
+
+
 def dense_list(conn, row: MemoryRow, vector: np.ndarray, asked: datetime, depth: int, hnsw: bool, cut: int = 0):
     """``(positions, cosines)`` of the ``depth`` best past messages (exact, or the HNSW
-    walk). The walk gathers ``depth`` candidates scaled by the share of the memory the
-    query may see, so the past filter leaves about ``depth`` (a second walk, pgvector's
-    iterative scan, would cost as much again); the list is re-sorted by score anyway."""
+    walk), a message's cosine being its best chunk's. The walk gathers ``depth`` candidates
+    scaled by the share of the memory the query may see, so the past filter leaves about
+    ``depth`` (a second walk, pgvector's iterative scan, would cost as much again); the
+    list is re-sorted by score anyway."""
+    from tider.memory.index import best_per_message
+
     params = {"q": np.ascontiguousarray(vector, dtype=np.float32), "m": row.id, "asked": asked, "depth": depth}
-    if hnsw:
-        ef = min(1000, int(np.ceil(depth * row.n / max(cut, 1))))
-        with conn.pipeline():  # one round trip for the three statements
+    with conn.pipeline():  # one round trip for every statement
+        if hnsw:
+            ef = min(1000, int(np.ceil(depth * row.n / max(cut, 1))))
             # enable_sort off: the graph's own order, never a scan and sort
             conn.execute(
                 "SELECT set_config('hnsw.ef_search', %s, true), set_config('enable_sort', 'off', true)", (str(ef),)
             )
             walk = conn.execute(dense_sql(row, True), params)
             conn.execute("SET LOCAL enable_sort = on")
-        rows = walk.fetchall()
-    else:
-        rows = conn.execute(dense_sql(row, False), params).fetchall()
-    pos = np.array([r[0] for r in rows], dtype=np.int64)
-    return pos, -np.array([r[1] for r in rows], dtype=np.float32)  # <#> is the negative inner product
+        else:
+            walk = conn.execute(dense_sql(row, False), params)
+        chunked = conn.execute(CHUNK_SQL, params)
+    rows, chunk_rows = walk.fetchall(), chunked.fetchall()
+    pos = np.array([r[0] for r in rows + chunk_rows], dtype=np.int64)
+    scores = -np.array([r[1] for r in rows + chunk_rows], dtype=np.float32)  # <#> is the negative inner product
+    return best_per_message(pos, scores) if chunk_rows else (pos, scores)
 
 
 def lexical_top(conn, row: MemoryRow, text: str, asked: datetime, cut: int, config: RetrievalConfig, pg):

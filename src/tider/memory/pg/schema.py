@@ -17,6 +17,8 @@ Tables (one row per memory / message / posting / term / timeline cluster):
 - ``tider_postings`` / ``tider_terms``: the BM25 inverted index (term frequency, document
   length and the message's position per posting, document frequency per term);
 - ``tider_timeline``: the event clusters (first position and centroid of each);
+- ``tider_chunks``: the extra chunk vectors of messages longer than the embedder's window
+  (``tider.retrieval.embed``), by the message's ``seq``;
 - ``tider_sum_float4``: an aggregate adding float32 in order, for BM25 sums.
 
 An HNSW index is created per memory when it grows past ``hnsw_min_messages``: a partial
@@ -104,6 +106,19 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                    EXECUTE format('DROP INDEX %I', r.indexname);
                  END LOOP;
                END $$""",
+        ],
+    ),
+    (
+        3,
+        "chunk vectors of messages longer than the embedder's window (a memory built before has none: reindex it)",
+        [
+            """CREATE TABLE tider_chunks (
+                memory_id bigint NOT NULL,
+                seq bigint NOT NULL,
+                chunk integer NOT NULL,
+                embedding vector NOT NULL,
+                PRIMARY KEY (memory_id, seq, chunk),
+                FOREIGN KEY (memory_id, seq) REFERENCES tider_messages (memory_id, seq) ON DELETE CASCADE)""",
         ],
     ),
 ]

@@ -10,7 +10,8 @@ at a time in every process, while adds to other memories and all searches go on.
    stored message, else the positions from the first changed one on are renumbered in
    the same transaction (the embedded store rebuilds its time-ordered views the same way);
 3. BM25 postings (term frequency, document length) and document frequencies are written,
-   and the corpus statistics (message count, summed lengths) updated;
+   the long messages' chunk vectors, and the corpus statistics (message count, summed
+   lengths) updated;
 4. the timeline re-merges from the cluster holding the first changed position
    (``tider.retrieval.timeline.cluster_messages``, the embedded store's code);
 5. ``version`` is bumped and the transaction commits: a reader sees all of it or none.
@@ -53,11 +54,14 @@ MESSAGE_COLUMNS = (
 
 @dataclass
 class Fresh:
-    """Messages to add (input order), their vectors and BM25 terms."""
+    """Messages to add (input order), their vectors and BM25 terms, and the chunk vectors
+    of the long ones with the index of the message each belongs to."""
 
     messages: list[Message]
     vectors: np.ndarray
     terms: list[list[str]]
+    chunk_vectors: np.ndarray | None = None
+    chunk_owners: np.ndarray | None = None
 
     def doc_lengths(self) -> list[int]:
         # bm25s indexes an empty document as one placeholder token: length 1, as here
@@ -65,7 +69,13 @@ class Fresh:
 
     def keep(self, keys: set[str]) -> Fresh:
         picks = [i for i, m in enumerate(self.messages) if m.key in keys]
-        return Fresh([self.messages[i] for i in picks], self.vectors[picks], [self.terms[i] for i in picks])
+        kept = Fresh([self.messages[i] for i in picks], self.vectors[picks], [self.terms[i] for i in picks])
+        if self.chunk_owners is not None and len(self.chunk_owners):
+            new_index = np.full(len(self.messages), -1, dtype=np.int64)
+            new_index[picks] = np.arange(len(picks))
+            owners = new_index[self.chunk_owners]
+            kept.chunk_vectors, kept.chunk_owners = self.chunk_vectors[owners >= 0], owners[owners >= 0]
+        return kept
 
 
 def as_array(vector) -> np.ndarray:
@@ -106,6 +116,7 @@ def commit_add(conn, memory_id: int, fresh: Fresh, config: RetrievalConfig, embe
         first_changed = n if in_order else _first_after(conn, memory_id, oldest)
         placed = _insert_messages(conn, memory_id, fresh, n if in_order else None)
         _insert_postings(conn, memory_id, fresh, placed)
+        _insert_chunks(conn, memory_id, fresh, placed)
         if not in_order:
             _renumber(conn, memory_id, first_changed, oldest)
         seqs = {key: seq for key, (seq, _) in placed.items()}
@@ -179,6 +190,19 @@ def _renumber(conn, memory_id: int, first_changed: int, oldest: datetime) -> Non
         "AND m.pos >= %s AND p.seq = m.seq AND p.pos <> m.pos",
         (memory_id, memory_id, first_changed),
     )
+
+
+def _insert_chunks(conn, memory_id: int, fresh: Fresh, placed: dict[str, tuple[int, int]]) -> None:
+    """The long messages' chunk vectors, by their message's ``seq`` (which no renumbering moves)."""
+    if fresh.chunk_owners is None or not len(fresh.chunk_owners):
+        return
+    with conn.cursor().copy("COPY tider_chunks (memory_id, seq, chunk, embedding) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(["int8", "int8", "int4", "vector"])
+        previous, chunk = -1, 0
+        for owner, vector in zip(fresh.chunk_owners.tolist(), fresh.chunk_vectors):
+            chunk = chunk + 1 if owner == previous else 1  # chunk 0 is the message's own vector
+            previous = owner
+            copy.write_row((memory_id, placed[fresh.messages[owner].key][0], chunk, vector))
 
 
 def _insert_postings(conn, memory_id: int, fresh: Fresh, placed: dict[str, tuple[int, int]]) -> None:
