@@ -46,7 +46,8 @@ def register(subparsers) -> None:
     imp.add_argument("--limit", type=int, default=None, help="first N conversations only")
     imp.set_defaults(func=run_import)
     re = sub.add_parser(
-        "reindex", help="rebuild memories with this tider's embedder and lexical analysis (keeps every message)"
+        "reindex",
+        help="rebuild memories with this tider's embedder, chunking and lexical analysis (keeps every message)",
     )
     re.add_argument("--store", required=True, help="PostgreSQL URL or directory of stores")
     re.add_argument("--memory", action="append", default=None, help="memory name (repeatable; default: all)")
@@ -94,7 +95,10 @@ def run_reindex(args: argparse.Namespace) -> int:
         for name in names:
             done = reindex(backend, name, config)
             how = "re-embedded" if done["re_embedded"] else "vectors kept"
-            print(f"reindexed {name}: {done['messages']} messages ({how}), lexical {config.lexical().id}")
+            print(
+                f"reindexed {name}: {done['messages']} messages ({how}), lexical {config.lexical().id}, "
+                f"chunking {config.embed_chunking}"
+            )
     except KeyError as err:
         raise SystemExit(f"tider memory reindex: {err.args[0]}") from None
     finally:

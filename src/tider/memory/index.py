@@ -9,6 +9,9 @@ contribute 0). Here the same fusion runs over candidate lists:
   (1000), the cut-off exact scoring uses, because a shallower list changes the fusion:
   measured, depth 100 kept the exact top-20 on 42% of queries at 10k messages and LoCoMo
   dev recall@20 fell 0.544 -> 0.528 (``bench/bench_retrieval.py --depths``);
+  merged with the same depth of past messages ranked by their best chunk (the extra
+  vectors of messages longer than the embedder's window, scanned exactly), each message
+  keeping its best score (``best_per_message``), as exact scoring's max over its vectors;
 * BM25: the top-``rrf_depth`` of the bm25s scores of the past, exactly the ranks the exact
   path gives them (one BM25 implementation for both paths);
 * ``sim`` of a candidate = the RRF of its ranks, with the exact path's arithmetic, so a
