@@ -199,8 +199,7 @@ def check_request(base_url: str, model: str, meta, api_key: str | None) -> dict:
 
 
 def run(args) -> int:
-    from tider.locator.contract import LocatorContractError, LocatorMetadata
-    from tider.train.export import load_locator_metadata
+    from tider.locator.contract import LocatorContractError, LocatorMetadata, load_locator_metadata
 
     meta = LocatorMetadata()  # --skip-check: not a tider export, the prompt defaults
     if not (args.skip_check or args.for_trl):

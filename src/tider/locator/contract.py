@@ -17,6 +17,7 @@ Training, export, serving and the window sources all speak through this module:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -273,4 +274,46 @@ def check_export_folder(folder: str | Path) -> LocatorMetadata:
         raise LocatorContractError(f"{folder}: tokenizer missing (none of {', '.join(TOKENIZER_FILES)})")
     if not list(folder.glob("*.safetensors")):
         raise LocatorContractError(f"{folder}: no *.safetensors weights")
+    return meta
+
+
+class ExportError(LocatorContractError):
+    """A checkpoint cannot be exported, or an export folder is not a usable locator."""
+
+
+def check_weights_not_empty(folder: Path) -> None:
+    """Refuse safetensors holding 0-element tensors (ZeRO-3 saved without gathering)."""
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            keys = list(f.keys())
+            if not keys:
+                raise ExportError(f"{path}: empty weights (the file holds no tensors)")
+            empty = [k for k in keys if _numel(f.get_slice(k).get_shape()) == 0]
+        if empty:
+            raise ExportError(
+                f"{path}: empty weights — {len(empty)} of {len(keys)} tensors have 0 elements "
+                f"(e.g. {empty[0]!r}). This is what a DeepSpeed ZeRO-3 run saves without "
+                "`stage3_gather_16bit_weights_on_model_save: true`; set it in the DeepSpeed "
+                "config, or export the global_step*/ shards (see tider export --help)."
+            )
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def load_locator_metadata(model_dir: str | Path) -> LocatorMetadata:
+    """Check an export folder is a usable locator and return its ``tider_locator.json``.
+
+    Raises ``LocatorContractError`` naming the folder and the problem: missing metadata, a
+    prompt version or output schema other than this code's, no tokenizer, no weights, and
+    (``ExportError``) weights of 0-element tensors.
+    """
+    meta = check_export_folder(model_dir)
+    check_weights_not_empty(Path(model_dir))
     return meta

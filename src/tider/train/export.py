@@ -40,13 +40,17 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+# The export-folder checks live with the contract so that serving reads them without the
+# training stack; imported here because export runs them and callers import them from here.
 from tider.locator.contract import (
     GRANULARITIES,
     METADATA_FILE,
     TOKENIZER_FILES,
+    ExportError,
     LocatorContractError,
     LocatorMetadata,
-    check_export_folder,
+    check_weights_not_empty,
+    load_locator_metadata,
 )
 
 logger = logging.getLogger(__name__)
@@ -67,10 +71,6 @@ VERIFY_PROMPTS = (
     ),
     "Question (asked 2024-01-10): What is Jon's favourite food?",
 )
-
-
-class ExportError(LocatorContractError):
-    """A checkpoint cannot be exported, or an export folder is not a usable locator."""
 
 
 class ExportVerificationError(ExportError):
@@ -126,32 +126,6 @@ def detect_layout(checkpoint: Path) -> str:
         f"{checkpoint}: no adapter_config.json, no *.safetensors/pytorch_model*.bin and no "
         f"DeepSpeed global_step*/ shards — not a model checkpoint{hint}"
     )
-
-
-def check_weights_not_empty(folder: Path) -> None:
-    """Refuse safetensors holding 0-element tensors (ZeRO-3 saved without gathering)."""
-    from safetensors import safe_open
-
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            keys = list(f.keys())
-            if not keys:
-                raise ExportError(f"{path}: empty weights (the file holds no tensors)")
-            empty = [k for k in keys if _numel(f.get_slice(k).get_shape()) == 0]
-        if empty:
-            raise ExportError(
-                f"{path}: empty weights — {len(empty)} of {len(keys)} tensors have 0 elements "
-                f"(e.g. {empty[0]!r}). This is what a DeepSpeed ZeRO-3 run saves without "
-                "`stage3_gather_16bit_weights_on_model_save: true`; set it in the DeepSpeed "
-                "config, or export the global_step*/ shards (see tider export --help)."
-            )
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 def _torch_dtype(name: str, config) -> object:
@@ -281,18 +255,6 @@ def build_metadata(
         source_layout=layout,
         dtype=dtype,
     )
-
-
-def load_locator_metadata(model_dir: str | Path) -> LocatorMetadata:
-    """Check an export folder is a usable locator and return its ``tider_locator.json``.
-
-    Raises ``LocatorContractError`` naming the folder and the problem: missing metadata, a
-    prompt version or output schema other than this code's, no tokenizer, no weights, and
-    (``ExportError``) weights of 0-element tensors.
-    """
-    meta = check_export_folder(model_dir)
-    check_weights_not_empty(Path(model_dir))
-    return meta
 
 
 # --------------------------------------------------------------------------- verify
