@@ -168,3 +168,25 @@ def test_a_store_from_before_chunking_is_refused(embedder, tmp_path):
     path.write_text(json.dumps(manifest))
     with pytest.raises(StoreError, match=r"embed_chunking='none', opened with 'window'.*reindex --store"):
         TemporalMemory(tmp_path / "chat", config=WINDOW, embedder=embedder)
+
+
+def test_evidence_selection_scores_a_long_message_by_its_best_chunk(embedder, tmp_path, request):
+    """``dense_scores_at`` (what the context builder ranks a window's messages by) agrees with
+    the dense channel on both backends: the long message scores by its tail's chunk."""
+    url = request.getfixturevalue("postgres").database()
+    msgs = _messages()
+    scores = []
+    for where in (str(tmp_path / "stores"), url):
+        backend = open_backend(where)
+        try:
+            with backend.open("chat", config=WINDOW, embedder=embedder) as mem:
+                mem.add(msgs)
+                vector = mem.embed_queries([QUESTION])[0]
+                at = mem.dense_scores_at(vector, [0, 1, 2])
+                hit = mem.search(QUESTION, k=1, semantic="dense")
+                own = mem.vectors_by_position()[0] @ vector
+                assert hit.positions == [0] and np.isclose(at[0], hit.scores[0], atol=1e-5) and at[0] > own + 0.1
+                scores.append(at)
+        finally:
+            backend.close()
+    assert np.allclose(scores[0], scores[1], atol=1e-5)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from tider.types import Window, WindowPrediction
 
 
@@ -61,8 +59,8 @@ def build_context(
     windows_used = past_windows(prediction.windows if prediction.temporal else (), query.asked_at, mem.config.past_only)
     if llm is not None and windows_used and len(ids):
         vector = mem.embed_queries([text])[0]
-        by_position = mem.vectors_by_position()
-        similarity = lambda _text, cand: by_position[np.asarray(list(cand), dtype=np.int64)] @ vector
+        # the dense channel's score, a long message's best chunk's (either backend)
+        similarity = lambda _text, cand: mem.dense_scores_at(vector, list(cand))
         result = select_evidence(query, memory, ids, windows_used, llm, similarity, top_n)
         ids, errors = result.ids, result.errors
     name = classifier or ("llm" if llm is not None else "lexical")

@@ -315,6 +315,10 @@ class TemporalMemory:
         """Every message's vector, rows in time order."""
         return self.state.vectors_by_position()
 
+    def dense_scores_at(self, vector: np.ndarray, positions) -> np.ndarray:
+        """The dense score of the messages at ``positions``: a long message's best chunk's."""
+        return self.state.dense_scores(np.asarray(vector, dtype=np.float32))[np.asarray(positions, dtype=np.int64)]
+
     def cut(self, asked_at: datetime | None) -> int:
         """Number of positions a query asked at ``asked_at`` may see."""
         if not self.config.past_only or asked_at is None:

@@ -201,6 +201,24 @@ class PostgresMemory(TemporalMemory):
                 return np.zeros((0, 0), dtype=np.float32)
             return self._view.vectors(snap.conn, snap.row.id, self._copy(snap))
 
+    def dense_scores_at(self, vector: np.ndarray, positions) -> np.ndarray:
+        """As ``TemporalMemory.dense_scores_at``: own vectors, raised to the best chunk's in SQL."""
+        wanted = np.asarray(positions, dtype=np.int64)
+        vector = np.ascontiguousarray(vector, dtype=np.float32)
+        with self._read() as snap:
+            scores = self.vectors_by_position()[wanted] @ vector
+            if snap.row is not None and len(wanted):
+                rows = snap.conn.execute(
+                    "SELECT m.pos, max(-(c.embedding <#> %s)) FROM tider_chunks c JOIN tider_messages m "
+                    "ON m.memory_id = c.memory_id AND m.seq = c.seq WHERE c.memory_id = %s AND m.pos = ANY(%s) "
+                    "GROUP BY m.pos",
+                    (vector, snap.row.id, wanted.tolist()),
+                ).fetchall()
+                for pos, best in rows:
+                    here = wanted == pos
+                    scores[here] = np.maximum(scores[here], np.float32(best))
+        return scores
+
     def _messages_at(self, positions) -> list[Message]:
         with self._read() as snap:
             return sql.messages_at(snap.conn, snap.row, positions) if len(positions) else []
