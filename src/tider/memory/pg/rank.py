@@ -106,8 +106,6 @@ def dense_list(conn, row: MemoryRow, vector: np.ndarray, asked: datetime, depth:
     scaled by the share of the memory the query may see, so the past filter leaves about
     ``depth`` (a second walk, pgvector's iterative scan, would cost as much again); the
     list is re-sorted by score anyway."""
-    from tider.memory.index import best_per_message
-
     params = {"q": np.ascontiguousarray(vector, dtype=np.float32), "m": row.id, "asked": asked, "depth": depth}
     with conn.pipeline():  # one round trip for every statement
         if hnsw:
@@ -124,7 +122,7 @@ def dense_list(conn, row: MemoryRow, vector: np.ndarray, asked: datetime, depth:
     rows, chunk_rows = walk.fetchall(), chunked.fetchall()
     pos = np.array([r[0] for r in rows + chunk_rows], dtype=np.int64)
     scores = -np.array([r[1] for r in rows + chunk_rows], dtype=np.float32)  # <#> is the negative inner product
-    return best_per_message(pos, scores) if chunk_rows else (pos, scores)
+    return indexed.best_per_message(pos, scores) if chunk_rows else (pos, scores)
 
 
 def lexical_top(conn, row: MemoryRow, text: str, asked: datetime, cut: int, config: RetrievalConfig, pg):
