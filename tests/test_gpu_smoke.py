@@ -5,6 +5,7 @@ comparison against the served export. The GPU form runs the same steps at Qwen3-
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSWERED = '"POST /v1/chat/completions HTTP/1.1" 200'  # vLLM's access log
-STEPS = ["preflight", "data", "base", "sft", "reader", "grpo", "export", "serve", "compare"]
+STEPS = ["preflight", "data", "embedder", "base", "sft", "reader", "grpo", "export", "serve", "compare"]
 
 
 def _table(stdout: str) -> dict[str, tuple[str, str]]:
@@ -28,6 +29,7 @@ def _table(stdout: str) -> dict[str, tuple[str, str]]:
 
 def test_cpu_smoke_runs_every_step(tmp_path):
     from tider.llm.vllm_server import vllm_available
+    from tider.retrieval.embed import embedding_model_id
 
     if not vllm_available():
         pytest.skip("vLLM is not installed (scripts/setup.sh installs it)")
@@ -59,6 +61,9 @@ def test_cpu_smoke_runs_every_step(tmp_path):
     assert calls and int(calls[1]) > 0 and calls[2] == "0", table["grpo"]
     assert ANSWERED in (tmp_path / "reader-vllm.log").read_text(errors="replace")
     assert table["export"][1].startswith("greedy identical True"), table["export"]
+    # training searched with the embedder the smoke built (retrieval_config), as a GPU box must
+    meta = json.loads((tmp_path / "export" / "tider_locator.json").read_text())
+    assert meta["embedding_model"] == embedding_model_id(str(tmp_path / "embedder")), meta["embedding_model"]
     # the comparison's locator rows came from the served export, which answered every request
     assert re.search(r"recall@5/@20 none [\d.]+/[\d.]+, rules .*, locator [\d.]+/[\d.]+", table["compare"][1])
     served = (tmp_path / "serve-vllm.log").read_text(errors="replace")

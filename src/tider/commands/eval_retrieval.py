@@ -45,23 +45,12 @@ def register(subparsers) -> None:
 
 
 def load_retrieval_config(path: str | None, semantic: str | None):
-    import json
-    from pathlib import Path
+    from dataclasses import replace
 
     from tider.retrieval.config import RetrievalConfig
 
-    data = {}
-    if path:
-        text = Path(path).read_text()
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
-    if semantic:
-        data["semantic"] = semantic
-    return RetrievalConfig.from_json(data)
+    config = RetrievalConfig.load(path) if path else RetrievalConfig()
+    return replace(config, semantic=semantic) if semantic else config
 
 
 def split_memory_keys(memory_keys, split: str) -> list[str]:

@@ -9,8 +9,11 @@ Durations are stored in *days* (floats), so hour-scale data just uses fractions
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
+from pathlib import Path
 from typing import Literal
 
 SemanticMode = Literal["dense", "bm25", "hybrid"]
@@ -137,6 +140,16 @@ class RetrievalConfig:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> RetrievalConfig:
+        """A YAML (``.yaml``/``.yml``) or JSON file of these fields, e.g. configs/retrieval/default.yaml."""
+        text = Path(path).read_text()
+        if str(path).endswith((".yaml", ".yml")):
+            import yaml
+
+            return cls.from_json(yaml.safe_load(text) or {})
+        return cls.from_json(json.loads(text))
 
     @classmethod
     def from_json(cls, data: dict) -> RetrievalConfig:

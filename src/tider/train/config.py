@@ -93,6 +93,19 @@ class LocatorScriptArguments:
     wandb_project: str = field(
         default="tider", metadata={"help": "wandb project (offline unless WANDB_API_KEY is set)."}
     )
+    retrieval_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "YAML/JSON of RetrievalConfig fields (configs/retrieval/default.yaml) for the memories the "
+            "prompts and rewards search, e.g. another embedding_model; tider_locator.json records what shapes "
+            "the prompt. Default: RetrievalConfig()."
+        },
+    )
+
+    def retrieval(self):
+        from tider.retrieval.config import RetrievalConfig
+
+        return RetrievalConfig.load(self.retrieval_config) if self.retrieval_config else RetrievalConfig()
 
     def prompt_settings(self) -> PromptSettings:
         return PromptSettings(

@@ -70,7 +70,7 @@ def _prepare_data(script_args, dataset, store):
     from tider.memory import MemoryCollection
 
     dataset = dataset or load_training_dataset(script_args)
-    store = store or MemoryCollection(dataset.memories)
+    store = store or MemoryCollection(dataset.memories, script_args.retrieval())
     builder = PromptBuilder(dataset, store, settings=script_args.prompt_settings())
     held_out = set(script_args.test_memories or ())
     for key in dict.fromkeys(q.memory_key for q in dataset.queries):

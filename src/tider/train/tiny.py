@@ -256,6 +256,48 @@ def build_qwen3_from_shapes(
     return out
 
 
+def build_tiny_embedder(
+    out_dir: str | Path, corpus: Iterable[str], *, vocab_size: int = 2000, hidden_size: int = 64, seed: int = 0
+) -> Path:
+    """A random-init sentence-transformer (WordPiece tokenizer trained on ``corpus``, a
+    2-layer BERT, mean pooling, 256-token window) for runs that exercise the pipeline, not
+    retrieval quality, where the all-MiniLM-L6-v2 package cannot travel (a lent GPU box gets
+    64 MiB; the package is 83 MB). Name its folder as ``embedding_model``."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import models as st_models
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+    out = Path(out_dir)
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    names = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), specials))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=256, **names)
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden_size,
+        max_position_embeddings=258,
+    )
+    BertModel(config).save_pretrained(out / "bert")
+    tokenizer.save_pretrained(out / "bert")
+    word = st_models.Transformer(str(out / "bert"), max_seq_length=256)
+    pooling = st_models.Pooling(word.get_word_embedding_dimension(), "mean")
+    SentenceTransformer(modules=[word, pooling]).save(str(out))
+    return out
+
+
 def date_range_tokens(dataset: Dataset, margin_days: int = 60) -> list[str]:
     """Every ISO date the data (messages and question times) can mention, with a margin
     for relative questions that point before the first message."""
