@@ -150,25 +150,19 @@ def test_sft_one_node(production_sft):
     assert (out / "checkpoint-1" / "trainer_state.json").exists()
 
 
+def grpo_job(recipe: str, start: Path, out: Path, recipe_data: Path) -> list[str]:
+    """train.slurm's arguments for one GRPO step of ``recipe`` from ``start`` at test size."""
+    overrides = ["--model_name_or_path", str(start), "--output_dir", str(out), "--max_steps", "1", "--use_cpu", "true"]
+    return ["grpo", recipe, "ddp", *overrides, *data_args(recipe_data), *COMMON]
+
+
 def test_grpo_one_node_colocate_with_the_launchers_reader(production_sft, recipe_work, recipe_data, answer_reader):
     out = recipe_work / "qwen3-grpo"
     status, log, server_logs = sbatch(
         1,
-        "grpo",
-        "configs/grpo/qwen3-1.7b.yaml",
-        "ddp",
-        "--model_name_or_path",
-        str(production_sft[0]),
-        "--output_dir",
-        str(out),
-        "--max_steps",
-        "1",
-        "--use_cpu",
-        "true",
+        *grpo_job("configs/grpo/qwen3-1.7b.yaml", production_sft[0], out, recipe_data),
         "--vllm_structured_outputs_regex",
         LOCATOR_JSON,
-        *data_args(recipe_data),
-        *COMMON,
         work=recipe_work,
         env={"GPUS_PER_NODE": "2", "READER_MODEL": str(answer_reader), "READER_MAX_LEN": "4096"},
     )
@@ -191,21 +185,9 @@ def test_grpo_three_nodes_server_mode(production_sft, recipe_work, recipe_data, 
     out = recipe_work / "qwen3-grpo-multinode"
     status, log, server_logs = sbatch(
         3,
-        "grpo",
-        "configs/grpo/qwen3-1.7b-multinode.yaml",
-        "ddp",
-        "--model_name_or_path",
-        str(production_sft[0]),
-        "--output_dir",
-        str(out),
-        "--max_steps",
-        "1",
-        "--use_cpu",
-        "true",
+        *grpo_job("configs/grpo/qwen3-1.7b-multinode.yaml", production_sft[0], out, recipe_data),
         "--vllm_server_timeout",
         "600",
-        *data_args(recipe_data),
-        *COMMON,
         work=recipe_work,
         env={
             "GPUS_PER_NODE": "2",
