@@ -87,12 +87,13 @@ def test_sft_starts_from_the_shipped_model_unless_told(tmp_path):
     a Hub-id recipe keeps its own model_name_or_path."""
     import yaml
 
-    from tider.commands.demo import REPO, _sft_start
+    from tider import resources
+    from tider.commands.demo import _sft_start
 
-    tiny = yaml.safe_load((REPO / "configs/sft/tiny-cpu.yaml").read_text())
-    assert _sft_start(tiny, tmp_path, False) == str(REPO / "models/tiny-locator-v3")
-    assert (REPO / "models/tiny-locator-v3/model.safetensors").exists()
+    tiny = yaml.safe_load(resources.path("configs/sft/tiny-cpu.yaml").read_text())
+    assert _sft_start(tiny, tmp_path, False) == str(resources.path("models/tiny-locator-v3"))
+    assert (resources.path("models/tiny-locator-v3") / "model.safetensors").exists()
     assert _sft_start(tiny, tmp_path, True) == str(tmp_path / "base")
     assert _sft_start({**tiny, "model_name_or_path": "nowhere/yet"}, tmp_path, False) == str(tmp_path / "base")
-    production = yaml.safe_load((REPO / "configs/sft/qwen3-1.7b.yaml").read_text())
+    production = yaml.safe_load(resources.path("configs/sft/qwen3-1.7b.yaml").read_text())
     assert _sft_start(production, tmp_path, False) is None

@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+from tider import resources
+
 DEMO_KS = (5, 10, 20, 50)
 
 
@@ -82,12 +83,12 @@ def _done(t0: float, times: dict, name: str) -> None:
 
 
 def _sft_start(recipe: dict, out: Path, from_scratch: bool) -> str | None:
-    """Where SFT starts: the recipe's own model (a path in the repository, made absolute so
-    the demo runs from any directory, or a Hub id), unless a tiny recipe is asked to build
-    a fresh model under ``out`` (``--from-scratch``, or the shipped start is missing)."""
+    """Where SFT starts: the recipe's own model (a shipped one, e.g. models/tiny-locator-v3,
+    made absolute so the demo runs from any directory, or a Hub id), unless a tiny recipe is
+    asked to build a fresh model under ``out`` (``--from-scratch``, or the shipped start is missing)."""
     named = recipe.get("model_name_or_path")
     if recipe.get("tiny_model"):
-        shipped = REPO / str(named) if named else None
+        shipped = resources.path(str(named)) if named else None
         if from_scratch or shipped is None or not (shipped / "config.json").exists():
             return str(out / "base")
         return str(shipped)
@@ -102,7 +103,9 @@ def _train(stage: str, recipe: Path, out: Path, model: str | None, data_args: li
         argv += ["--max_steps", str(steps)]
     argv += list(extra)
     print("$", " ".join(argv[2:]), flush=True)
-    subprocess.run(argv, check=True, cwd=REPO)
+    # The caller's directory, as for the demo's own stages: every path handed over is absolute,
+    # and an installed package has no checkout to run in.
+    subprocess.run(argv, check=True)
 
 
 def _trained(folder: Path) -> bool:
@@ -139,10 +142,10 @@ def run(args) -> int:
 
 def _recipes(name: str) -> tuple[Path, Path]:
     """The SFT and GRPO recipes called ``name``; exits naming the known ones when one is missing."""
-    sft_recipe, grpo_recipe = (REPO / f"configs/{s}/{name}.yaml" for s in ("sft", "grpo"))
+    sft_recipe, grpo_recipe = (resources.path(f"configs/{s}/{name}.yaml") for s in ("sft", "grpo"))
     for recipe in (sft_recipe, grpo_recipe):
         if not recipe.exists():
-            known = sorted(p.stem for p in (REPO / "configs/sft").glob("*.yaml"))
+            known = sorted(p.stem for p in resources.path("configs/sft").glob("*.yaml"))
             raise SystemExit(f"recipe {name!r}: {recipe} not found; known recipes: {', '.join(known)}")
     return sft_recipe, grpo_recipe
 
@@ -188,11 +191,11 @@ def _stage_training(args, recipes: tuple[Path, Path], sft_start, out: Path, data
     and frees its memory). Returns the GRPO folder."""
     sft_recipe, grpo_recipe = recipes
     sft_dir, grpo_dir = out / "sft", out / "grpo"
-    t0 = _banner("3/7", f"SFT ({sft_recipe.relative_to(REPO)})")
+    t0 = _banner("3/7", f"SFT (configs/sft/{sft_recipe.name})")
     if not _trained(sft_dir):
         _train("sft", sft_recipe, sft_dir, sft_start, data_args, args.sft_steps, extra)
     _done(t0, times, "sft")
-    t0 = _banner("4/7", f"GRPO ({grpo_recipe.relative_to(REPO)})")
+    t0 = _banner("4/7", f"GRPO (configs/grpo/{grpo_recipe.name})")
     if not _trained(grpo_dir):
         _train("grpo", grpo_recipe, grpo_dir, str(sft_dir), data_args, args.grpo_steps, extra)
     _done(t0, times, "grpo")

@@ -1,0 +1,128 @@
+"""The built wheel carries what the CLI reads (the recipes, the shipped tiny locator) and runs
+`tider demo` installed in a fresh venv, from a directory outside the checkout.
+
+The fresh venv is made here with ``python -m venv --without-pip`` and gets only the wheel
+(``pip --python VENV install --no-deps``). Its dependencies (torch, vLLM, ... ~2 GB) are not
+downloaded again: a ``.pth`` line puts this venv's site-packages on its path *after* the
+wheel is installed, as a plain directory, so that directory's own ``.pth`` files, among them
+the editable install's link to ``src/``, are not processed: ``src/`` is never on the path."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+# What the wheel is built from: the checkout's package, its metadata and the shipped files.
+SOURCES = ("pyproject.toml", "README.md", "src", "configs", "models")
+TINY = [
+    "--synthetic-messages",
+    "600",
+    "--synthetic-conversations",
+    "3",
+    "--sft-steps",
+    "1",
+    "--grpo-steps",
+    "1",
+    "--no-serve",
+    "--limit",
+    "6",
+    # to both TrlParser recipes:
+    "--report_to",
+    "none",
+    "--save_strategy",
+    "no",
+]
+
+
+def build_wheel(dest: Path) -> Path:
+    """Build from a copy of the sources: setuptools reuses a ``build/`` folder, so an
+    in-tree build could package modules since deleted (and other work in the tree)."""
+    tree = dest / "tree"
+    tree.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in SOURCES:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, tree / name, symlinks=True, ignore=ignore)
+        else:
+            shutil.copy2(source, tree / name)
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q"]
+    subprocess.run([*pip, "-w", str(dest / "dist"), str(tree)], check=True)
+    (wheel,) = (dest / "dist").glob("tider-*.whl")
+    return wheel
+
+
+def fresh_venv(wheel: Path, venv: Path) -> Path:
+    """A venv holding only ``wheel``, this venv's dependencies visible; returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q"]
+    subprocess.run([*pip, str(wheel)], check=True)
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(site) / "_tider_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+def test_the_shipped_files_resolve_to_the_checkout():
+    """In a checkout the package's links lead to the root configs/ and models/, so what a
+    user edits there is what the CLI reads (and what the wheel packs)."""
+    from tider import resources
+
+    assert resources.path("configs/sft/tiny-cpu.yaml") == ROOT / "configs/sft/tiny-cpu.yaml"
+    assert resources.path("models/tiny-locator-v3") == ROOT / "models/tiny-locator-v3"
+    recipe = yaml.safe_load(resources.path("configs/sft/tiny-cpu.yaml").read_text())
+    assert (resources.path(recipe["model_name_or_path"]) / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_the_wheel_runs_the_demo_outside_the_checkout(tmp_path):
+    t0 = time.monotonic()
+    wheel = build_wheel(tmp_path / "build")
+    python = fresh_venv(wheel, tmp_path / "venv")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = subprocess.run(
+        [str(python), "-c", "import sys, tider; print(tider.__file__); print(*sys.path, sep='\\n')"],
+        cwd=work,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    assert Path(where[0]).is_relative_to(tmp_path / "venv"), where[0]
+    assert not [p for p in where[1:] if p and Path(p).resolve().is_relative_to(ROOT / "src")], where
+    demo = subprocess.run(
+        [str(tmp_path / "venv" / "bin" / "tider"), "demo", "--out", str(work / "demo"), *TINY],
+        cwd=work,
+        check=False,  # the assertion below shows the output
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    # Started from the wheel's model and recipes, not a fresh one and not the checkout's.
+    assert "SFT (configs/sft/tiny-cpu.yaml)" in demo.stdout
+    assert f"--model_name_or_path {tmp_path / 'venv'}" in demo.stdout
+    table = demo.stdout.split("=== [7/7]")[1]
+    assert ": 6 queries, same retriever" in table  # the comparison table's title
+    comparison = json.loads((work / "demo" / "compare" / "compare.json").read_text())
+    assert comparison["n_queries"] == 6 and "locator" in comparison["methods"]
+    for method in comparison["methods"]:
+        assert f"│ {method} " in table
+    print(f"wheel build + fresh venv + tider demo: {time.monotonic() - t0:.0f} s")
