@@ -198,9 +198,9 @@ def test_grpo_three_nodes_server_mode(production_sft, recipe_work, recipe_data, 
     )
     assert "trainers on 127.0.0.1 127.0.0.2 (2 GPUs each), vLLM server on 127.0.0.3" in log
     vllm_log = (server_logs / "vllm.log").read_text(errors="replace")
-    # TRL's server flags, one replica: data parallel stays 1 (vLLM refuses more for dense models)
-    assert "--data-parallel-size 1" in log + vllm_log or "data_parallel_size=1" in vllm_log
-    assert "GET /health" in vllm_log  # TRL's client found the server
+    # the server started with TRL's flags (test_slurm_dry_run checks them: data parallel 1) and
+    # TRL's client found it (vLLM logs no flag left at its default, so the flags are not read here)
+    assert "GET /health" in vllm_log
     ranks = {r: (out / "logs" / f"rank{r}.log").read_text() for r in range(4)}
     assert "answered a probe" in ranks[0]
     resolved = [
