@@ -17,17 +17,8 @@ BELOW_TRAIN = ("tider.eval", "tider.memory", "tider.commands.serve", "tider.loca
 # Known exceptions, each with why it is not untangled yet. A new edge or cycle fails the test;
 # removing one of these without deleting it here fails it too, so the list only shrinks.
 KNOWN_LAYER_IMPORTS: dict[tuple[str, str], str] = {}
-KNOWN_MODULE_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"tider.memory.pg.memory", "tider.memory.temporal_memory"}): (
-        "TemporalMemory.__new__ returns a PostgresMemory, a TemporalMemory subclass: needs the factory (item 2)"
-    ),
-}
-KNOWN_PACKAGE_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"tider.eval", "tider.memory"}): (
-        "TemporalMemory.context reads its budget/top_n defaults from tider.eval.qa_config, whose manifest "
-        "hashes with tider.eval.runner; moving the defaults down is part of the memory-base rework (item 2)"
-    ),
-}
+KNOWN_MODULE_CYCLES: dict[frozenset[str], str] = {}
+KNOWN_PACKAGE_CYCLES: dict[frozenset[str], str] = {}
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -46,6 +46,25 @@ def test_schema_is_created_and_versioned_by_code(postgres):
         TemporalMemory(url, name="a", embedder=NoEmbedder())
 
 
+def test_the_factory_opens_the_backend_its_path_names(postgres, tmp_path):
+    """``TemporalMemory`` is a factory (issue 37): a URL opens ``PostgresMemory``, a
+    directory or None ``EmbeddedMemory``; both are complete ``MemoryBase``s."""
+    from tider.memory import MemoryBase
+    from tider.memory.embedded import EmbeddedMemory
+    from tider.memory.pg.memory import PostgresMemory
+
+    opened = [
+        TemporalMemory(postgres.database(), name="f", embedder=NoEmbedder()),
+        TemporalMemory(tmp_path / "f", embedder=NoEmbedder()),
+        TemporalMemory(None, embedder=NoEmbedder()),
+    ]
+    assert [type(m) for m in opened] == [PostgresMemory, EmbeddedMemory, EmbeddedMemory]
+    assert all(isinstance(m, MemoryBase) for m in opened)
+    assert not PostgresMemory.__abstractmethods__ and not EmbeddedMemory.__abstractmethods__
+    for m in opened:
+        m.close()
+
+
 def test_nothing_after_asked_at_and_bad_input(postgres):
     msgs, vecs = records(600)
     mem = TemporalMemory(postgres.database(), name="past", embedder=NoEmbedder())

@@ -1,6 +1,6 @@
 """What a ``tider eval qa`` run does (``QAConfig``): the one place the QA defaults live.
 
-``tider eval qa``'s options and ``TemporalMemory.context`` read their defaults from here.
+``tider eval qa``'s options read their defaults from here (the context's, from ``tider.memory.context``).
 A module of its own, without the pipeline's imports, so the command line reads it cheaply.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from tider.memory.context import BUDGET, TOP_N
 from tider.retrieval.config import RetrievalConfig
 
 CONTEXT_KINDS = ("flat", "forest")
@@ -24,8 +25,8 @@ class QAConfig:
     windows: Sequence[str] = ("none", "dbscan-paper", "oracle")
     contexts: Sequence[str] = CONTEXT_KINDS
     k: int = RetrievalConfig.k  # seeds R_k(q) from the dual-channel retriever
-    top_n: int = 100  # candidates per window sent to evidence selection
-    budget: int = 8192  # context budget B in tokens
+    top_n: int = TOP_N  # candidates per window sent to evidence selection
+    budget: int = BUDGET  # context budget B in tokens
     compression: str = "idf"
     classifier: str = "llm"  # llm | lexical (named variant, never a silent substitute)
     selection: bool = True

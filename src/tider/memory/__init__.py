@@ -3,9 +3,10 @@ persistent, incremental, index-backed), ``MemoryCollection`` (one in-process mem
 conversation of a dataset: what the evaluation harness and the GRPO rewards search
 through) and the HTTP service (``tider.memory.service``)."""
 
+from tider.memory.base import MemoryBase, SearchHits
 from tider.memory.collection import MemoryCollection
 from tider.memory.files import StoreError
 from tider.memory.records import MemoryInputError
-from tider.memory.temporal_memory import SearchHits, TemporalMemory
+from tider.memory.temporal_memory import TemporalMemory
 
-__all__ = ["MemoryCollection", "MemoryInputError", "SearchHits", "StoreError", "TemporalMemory"]
+__all__ = ["MemoryBase", "MemoryCollection", "MemoryInputError", "SearchHits", "StoreError", "TemporalMemory"]

@@ -13,8 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
+from tider.memory.base import MemoryBase
+from tider.memory.embedded import EmbeddedMemory
 from tider.memory.pg import is_database_url
-from tider.memory.temporal_memory import TemporalMemory
 
 ENV = "TIDER_STORE"
 
@@ -34,8 +35,8 @@ class DirectoryBackend:
     def describe(self) -> str:
         return str(self.root)
 
-    def open(self, name: str, **kwargs) -> TemporalMemory:
-        return TemporalMemory(self.root / name, name=name, **kwargs)
+    def open(self, name: str, **kwargs) -> MemoryBase:
+        return EmbeddedMemory(self.root / name, name=name, **kwargs)
 
     def exists(self, name: str) -> bool:
         return (self.root / name / "tider_memory.json").exists()
@@ -88,8 +89,10 @@ class DatabaseBackend:
     def describe(self) -> str:
         return self.pool.where
 
-    def open(self, name: str, **kwargs) -> TemporalMemory:
-        return TemporalMemory(self.url, name=name, postgres=self.postgres, **kwargs)
+    def open(self, name: str, **kwargs) -> MemoryBase:
+        from tider.memory.pg.memory import PostgresMemory
+
+        return PostgresMemory(self.url, name=name, postgres=self.postgres, **kwargs)
 
     def exists(self, name: str) -> bool:
         with self.pool.connection() as conn:

@@ -1,4 +1,4 @@
-"""``MemoryCollection``: a ``MemoryStore`` of one ``TemporalMemory`` per conversation.
+"""``MemoryCollection``: a ``MemoryStore`` of one memory per conversation.
 
 The evaluation harness (``tider eval retrieval|qa|compare``), the GRPO rewards and the
 training prompts read a dataset's memories through this, so they run the query path users
@@ -22,8 +22,9 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from tider.memory.base import MemoryBase
+from tider.memory.embedded import EmbeddedMemory
 from tider.memory.store import Ranking
-from tider.memory.temporal_memory import TemporalMemory
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Memory, Query, WindowPrediction
 
@@ -42,7 +43,7 @@ class MemoryCollection:
         self.memories = dict(memories)
         self.config = config or RetrievalConfig()
         self.embedder = embedder or Embedder(self.config.embedding_model, self.config.embedding_cache_dir)
-        self._built: dict[str, TemporalMemory] = {}
+        self._built: dict[str, MemoryBase] = {}
         # per memory, seconds to build it (embedding, cached vectors read back, the indexes):
         # LongMemEval builds one memory per question, so this is its per-question cost
         self.build_seconds: dict[str, float] = {}
@@ -59,7 +60,7 @@ class MemoryCollection:
     def granularity(self) -> str:
         return next(iter(self.memories.values())).granularity if self.memories else "day"
 
-    def get(self, memory_key: str) -> TemporalMemory:
+    def get(self, memory_key: str) -> MemoryBase:
         if memory_key not in self._built:
             if memory_key not in self.memories:
                 raise KeyError(f"memory {memory_key!r} not in this collection ({len(self.memories)} memories)")
@@ -73,10 +74,10 @@ class MemoryCollection:
             self._built[memory_key] = mem
         return self._built[memory_key]
 
-    def _open(self, memory_key: str, source: Memory) -> TemporalMemory:
+    def _open(self, memory_key: str, source: Memory) -> MemoryBase:
         kwargs = {"config": self.config, "embedder": self.embedder, "granularity": source.granularity}
         if self._backend is None:
-            mem = TemporalMemory(None, name=memory_key, **kwargs)
+            mem = EmbeddedMemory(None, name=memory_key, **kwargs)
         else:
             from tider.memory.importer import store_name
 
@@ -107,7 +108,7 @@ class MemoryCollection:
         if texts:
             self.embedder.encode(texts)
 
-    def _public(self, query: Query) -> tuple[TemporalMemory, Query]:
+    def _public(self, query: Query) -> tuple[MemoryBase, Query]:
         mem = self.get(query.memory_key)
         return mem, mem.query(query.text, query.asked_at, query.user)
 

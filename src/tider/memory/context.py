@@ -1,4 +1,4 @@
-"""``TemporalMemory.context``: the evidence-forest back end (T-Mem) behind one call.
+"""``MemoryBase.context``: the evidence-forest back end (T-Mem) behind one call.
 
 search seeds R_k(q) -> evidence utility selection inside the predicted windows (needs an
 LLM client; skipped without one, or when the prediction has no windows) -> UPDATE /
@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tider.types import Window, WindowPrediction
+
+# The defaults of ``context`` and of ``tider eval qa`` (``QAConfig``), which builds the same context.
+TOP_N = 100  # candidates per window sent to evidence selection
+BUDGET = 8192  # context budget B in tokens
 
 
 def past_windows(windows, asked_at, past_only: bool = True) -> list[Window]:

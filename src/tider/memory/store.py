@@ -13,9 +13,9 @@ A store holds one or more named memories (``names()``); a query names its memory
 - ``retrieve(query, prediction, k, mode)``: the dual-channel top k for a prediction;
 - ``prepare(queries)``: embed query texts in one batch (a hint; may do nothing).
 
-``TemporalMemory`` is a store of one memory (its own ``name``); ``MemoryCollection``
-holds one in-process ``TemporalMemory`` per conversation of a dataset. Another backend
-(a database) implements the same methods.
+A memory (``tider.memory.base.MemoryBase``: embedded or PostgreSQL) is a store of one
+memory (its own ``name``); ``MemoryCollection`` holds one in-process memory per
+conversation of a dataset.
 """
 
 from __future__ import annotations

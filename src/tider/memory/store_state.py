@@ -1,7 +1,7 @@
-"""What a ``TemporalMemory`` holds: messages, vectors, the row/position maps, and the
+"""What an ``EmbeddedMemory`` holds: messages, vectors, the row/position maps, and the
 indexes derived from them (built lazily, persisted next to the segments).
 
-See ``tider.memory.temporal_memory`` for the id scheme and ``tider.memory.files`` for the
+See ``tider.memory.embedded`` for the id scheme and ``tider.memory.files`` for the
 layout and the crash-safety argument. Everything here assumes the caller serializes adds.
 """
 

@@ -1,6 +1,6 @@
 """``PostgresMemory``: what ``TemporalMemory("postgresql://...", name=...)`` returns.
 
-The same API and the same query code as the embedded store (``TemporalMemory``: query,
+The same API and the same query code as the embedded store (``tider.memory.base``: query,
 window sources, search, context); what differs is where the memory lives and who ranks.
 Each search reads one REPEATABLE READ snapshot, so the window source's view of the memory,
 the channels and the returned messages agree even while other processes add; adds are
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 import numpy as np
 
+from tider.memory.base import MemoryBase
 from tider.memory.files import StoreError
 from tider.memory.pg import rank as sql
 from tider.memory.pg.config import PostgresConfig
@@ -34,7 +34,6 @@ from tider.memory.pg.write import Fresh, bm25_terms, commit_add, ensure_hnsw, ex
 from tider.memory.records import MemoryInputError, to_messages
 from tider.memory.store import Ranking
 from tider.memory.store_state import REINDEX_HINT, built_with, check_build, check_embedder, stored_config
-from tider.memory.temporal_memory import ReadWriteLock, TemporalMemory
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.retriever import uses_windows
 from tider.types import Memory, Message, Query, WindowPrediction
@@ -48,7 +47,7 @@ class Snapshot:
     row: sql.MemoryRow | None
 
 
-class PostgresMemory(TemporalMemory):
+class PostgresMemory(MemoryBase):
     def __init__(
         self,
         path: str,
@@ -77,12 +76,7 @@ class PostgresMemory(TemporalMemory):
             release(self.pool)
             raise
         self._granularity = stored[1] if stored else granularity
-        self.source_options = {**dict(source_options or {}), **({"locator": dict(locator)} if locator else {})}
-        self._sources: dict = {}
-        self._semantic: OrderedDict = OrderedDict()
-        self.cache_elements = cache_elements
-        self._cache_lock = threading.Lock()
-        self._lock = ReadWriteLock()  # unused here: the database orders adds and reads
+        super().__init__(source_options, locator, cache_elements)
         self._local = threading.local()
         self._view = MemoryView(name, self._granularity)
         self._released = False
@@ -202,7 +196,7 @@ class PostgresMemory(TemporalMemory):
             return self._view.vectors(snap.conn, snap.row.id, self._copy(snap))
 
     def dense_scores_at(self, vector: np.ndarray, positions) -> np.ndarray:
-        """As ``TemporalMemory.dense_scores_at``: own vectors, raised to the best chunk's in SQL."""
+        """As ``EmbeddedMemory.dense_scores_at``: own vectors, raised to the best chunk's in SQL."""
         wanted = np.asarray(positions, dtype=np.int64)
         vector = np.ascontiguousarray(vector, dtype=np.float32)
         with self._read() as snap:
@@ -323,7 +317,7 @@ class PostgresMemory(TemporalMemory):
     def add(
         self, messages: Sequence[Message | Mapping], vectors: np.ndarray | None = None, embed_chunks: bool = False
     ) -> list[str]:
-        """Add messages (dicts or ``Message``s); as ``TemporalMemory.add``. Committed when
+        """Add messages (dicts or ``Message``s); as ``EmbeddedMemory.add``. Committed when
         this returns; a key the memory holds (added by any process) is a no-op."""
         records = to_messages(messages)
         keys = [r.key for r in records]

@@ -1,0 +1,252 @@
+"""``MemoryBase``: what every memory backend shares: its options, the query a window
+source sees, the sources, search, the forest context. ``tider.memory.embedded`` (files in
+a directory, or in-process) and ``tider.memory.pg`` (PostgreSQL) implement the rest: where
+messages live and how a query is ranked. ``TemporalMemory(...)``
+(``tider.memory.temporal_memory``) opens the one its path names.
+
+A backend implements, besides ``tider.memory.store.MemoryStore``'s reads (``messages``,
+``timeline``, ``ranking``, ``prepare``): ``add``, ``close``, ``__len__``, ``granularity``,
+``rank`` (positions and scores for a prediction), ``cut`` (how much a query asked at a
+time may see), ``build_indexes``, the window sources' reads (``embed_queries``,
+``vectors_by_position``, ``dense_scores_at``) and the three hooks ``search`` runs on
+(``_reading``: one consistent view; ``_newest``; ``_messages_at``).
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tider.memory.records import MemoryInputError, to_utc
+from tider.memory.store import Ranking
+from tider.types import NON_TEMPORAL, Memory, Message, Query, WindowPrediction
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from tider.retrieval.config import RetrievalConfig
+
+
+@dataclass
+class SearchHits:
+    """Best first: message keys, scores, the messages, their time-order positions."""
+
+    ids: list[str]
+    scores: list[float]
+    messages: list[Message]
+    positions: list[int]
+    prediction: WindowPrediction
+    exact: bool = True
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class MemoryBase(abc.ABC):
+    """One named memory. ``source_options`` configures the named window sources
+    (``{"locator": {"url": ...}}``); ``cache_elements`` bounds the per-query cache of
+    window-independent scores (0 turns it off)."""
+
+    config: RetrievalConfig
+    name: str
+
+    def __init__(self, source_options: Mapping | None, locator: Mapping | None, cache_elements: int):
+        self.source_options = {**dict(source_options or {}), **({"locator": dict(locator)} if locator else {})}
+        self._sources: dict[str, Any] = {}
+        self._semantic: OrderedDict = OrderedDict()
+        self.cache_elements = cache_elements
+        self._cache_lock = threading.Lock()
+
+    def names(self) -> list[str]:
+        return [self.name]
+
+    def _own(self, name: str | None) -> None:
+        if name is not None and name != self.name:
+            raise KeyError(f"this store holds memory {self.name!r}, not {name!r}")
+
+    @staticmethod
+    def _check_vectors(vectors, n: int, dim: int | None) -> np.ndarray:
+        arr = np.asarray(vectors, dtype=np.float32)
+        if arr.ndim != 2 or arr.shape[0] != n:
+            raise MemoryInputError("vectors", f"expected shape ({n}, dim), got {arr.shape}")
+        if dim is not None and arr.shape[1] != dim:
+            raise MemoryInputError("vectors", f"dimension {arr.shape[1]}, the store holds {dim}")
+        if not np.isfinite(arr).all():
+            raise MemoryInputError("vectors", "not finite")
+        norms = np.linalg.norm(arr, axis=1, keepdims=True)
+        if (norms == 0).any():
+            raise MemoryInputError("vectors", "a zero vector has no direction")
+        return arr / norms  # cosine similarity: unit rows
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- what a backend implements ----------------------------------------------------------
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def granularity(self) -> str: ...
+
+    @abc.abstractmethod
+    def messages(self, name: str | None = None) -> Memory: ...
+
+    @abc.abstractmethod
+    def timeline(self, name: str | None = None): ...
+
+    @abc.abstractmethod
+    def add(
+        self, messages: Sequence[Message | Mapping], vectors: np.ndarray | None = None, embed_chunks: bool = False
+    ) -> list[str]: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def build_indexes(self) -> None: ...
+
+    @abc.abstractmethod
+    def rank(
+        self,
+        query: Query,
+        prediction: WindowPrediction,
+        k: int,
+        query_vector=None,
+        exact: bool | None = None,
+        semantic: str | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, bool]: ...
+
+    @abc.abstractmethod
+    def ranking(self, query: Query, mode: str | None = None, exact: bool | None = None) -> Ranking: ...
+
+    @abc.abstractmethod
+    def cut(self, asked_at: datetime | None) -> int: ...
+
+    @abc.abstractmethod
+    def prepare(self, queries: Iterable[Query | str]) -> None: ...
+
+    @abc.abstractmethod
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def vectors_by_position(self) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def dense_scores_at(self, vector: np.ndarray, positions) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def _reading(self): ...
+
+    @abc.abstractmethod
+    def _newest(self) -> datetime | None: ...
+
+    @abc.abstractmethod
+    def _messages_at(self, positions) -> list[Message]: ...
+
+    # -- search -------------------------------------------------------------------------
+    def query(self, text: str, asked_at=None, user: str | None = None) -> Query:
+        """The ``Query`` a window source sees (no gold: nothing on this path has any)."""
+        if not isinstance(text, str):
+            raise MemoryInputError("text", f"expected a string, got {type(text).__name__}")
+        when = to_utc(asked_at, "asked_at") if asked_at is not None else None
+        if when is None:
+            when = self._newest() or datetime(1970, 1, 1)
+        digest = hashlib.sha1(repr((text, when.isoformat(), user)).encode()).hexdigest()[:12]
+        return Query(key=f"{self.name}:{digest}", memory_key=self.name, text=text, asked_at=when, user=user)
+
+    def predict(self, query: Query, windows="none") -> WindowPrediction:
+        """The window source's prediction: ``windows`` is a registered name, a source
+        object (``predict(query, store)``) or a ``WindowPrediction``."""
+        if isinstance(windows, WindowPrediction):
+            return windows
+        if windows is None or windows == "none":
+            return NON_TEMPORAL
+        source = self.source(windows) if isinstance(windows, str) else windows
+        if not hasattr(source, "predict"):
+            raise MemoryInputError(
+                "windows", f"expected a source name, a WindowSource or a WindowPrediction, got {windows!r}"
+            )
+        return source.predict(query, self)
+
+    def source(self, name: str):
+        """The registered window source ``name``, built once with this memory's options."""
+        from tider.locator.sources import make_source_from_context
+
+        if name not in self._sources:
+            context = {"store": self, "source_options": self.source_options}
+            try:
+                self._sources[name] = make_source_from_context(name, context)
+            except (TypeError, ValueError) as err:  # unknown name, missing options (locator URL, oracle gold)
+                raise MemoryInputError("windows", f"source {name!r} cannot be built here: {err}") from None
+        return self._sources[name]
+
+    def search(
+        self,
+        text: str,
+        asked_at=None,
+        user: str | None = None,
+        k: int | None = None,
+        windows="none",
+        query_vector: np.ndarray | None = None,
+        exact: bool | None = None,
+        semantic: str | None = None,
+    ) -> SearchHits:
+        """The top-``k`` messages for ``text`` asked at ``asked_at`` (nothing after it with
+        ``config.past_only``), ranked by the dual-channel retriever with the windows of
+        ``windows``. ``exact``: True scores every message, False takes the index-backed
+        path, None (default) chooses by size (``config.index_min_messages``). ``semantic``
+        overrides the channel mode (dense | bm25 | hybrid)."""
+        k = self.config.k if k is None else int(k)
+        if k < 1:
+            raise MemoryInputError("k", f"must be at least 1, got {k}")
+        with self._reading():
+            query = self.query(text, asked_at, user)
+            prediction = self.predict(query, windows)
+            positions, scores, used_exact = self.rank(query, prediction, k, query_vector, exact, semantic)
+            msgs = self._messages_at(positions)
+        return SearchHits(
+            [m.key for m in msgs], [float(s) for s in scores], msgs, [int(i) for i in positions], prediction, used_exact
+        )
+
+    def retrieve(
+        self, query: Query, prediction: WindowPrediction, k: int | None = None, mode: str | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Dual-channel ``(positions, scores)``, best first, for an already-made prediction."""
+        ids, scores, _ = self.rank(query, prediction, self.config.k if k is None else k, semantic=mode)
+        return ids, scores
+
+    # -- the forest back end --------------------------------------------------------------
+    def context(
+        self,
+        text: str,
+        asked_at=None,
+        user: str | None = None,
+        k: int | None = None,
+        windows="none",
+        llm=None,
+        budget: int | None = None,
+        top_n: int | None = None,
+        classifier: str | None = None,
+    ):
+        """Evidence for a reader (T-Mem): search seeds, evidence selection in the windows
+        (with ``llm``), UPDATE/EXPAND/ROOT structuring, IDF span compression to ``budget``
+        tokens, linearization. See ``tider.memory.context``. ``k`` defaults to this store's
+        retrieval config, ``budget`` and ``top_n`` to ``tider.memory.context``'s (which
+        ``tider eval qa`` uses too)."""
+        from tider.memory.context import BUDGET, TOP_N, build_context
+
+        budget = BUDGET if budget is None else budget
+        top_n = TOP_N if top_n is None else top_n
+        return build_context(self, text, asked_at, user, k, windows, llm, budget, top_n, classifier)
