@@ -9,23 +9,30 @@ A backend implements, besides ``tider.memory.store.MemoryStore``'s reads (``mess
 ``rank`` (positions and scores for a prediction), ``cut`` (how much a query asked at a
 time may see), ``build_indexes``, the window sources' reads (``embed_queries``,
 ``vectors_by_position``, ``dense_scores_at``) and the three hooks ``search`` runs on
-(``_reading``: one consistent view; ``_newest``; ``_messages_at``).
+(``_reading``: one consistent view; ``_newest``; ``_messages_at``), and the two writes
+behind record management (``_delete``, ``_replace``).
+
+Record management is what a mem0 user calls: ``get``, ``get_all`` (paged, by time range),
+``update`` (text and/or time), ``delete`` (keys) and ``delete_all`` (a time range, or
+everything). Every index follows a change; when a deleted text leaves the disk is the
+backend's to say (the embedded store rewrites its files before returning).
 """
 
 from __future__ import annotations
 
 import abc
+import bisect
 import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tider.memory.records import MemoryInputError, to_utc
+from tider.memory.records import MemoryInputError, MessageNotFound, message_to_json, to_message, to_utc
 from tider.memory.store import Ranking
 from tider.types import NON_TEMPORAL, Memory, Message, Query, WindowPrediction
 
@@ -147,6 +154,16 @@ class MemoryBase(abc.ABC):
     def dense_scores_at(self, vector: np.ndarray, positions) -> np.ndarray: ...
 
     @abc.abstractmethod
+    def _delete(self, keys: Sequence[str] | None, start: datetime | None, end: datetime | None) -> list[str]:
+        """Delete, atomically, the messages ``keys`` (None: those in ``[start, end]``, either
+        end open) and return the keys deleted, in time order."""
+
+    @abc.abstractmethod
+    def _replace(self, old: Message, new: Message) -> Message:
+        """Put ``new`` (same key) in ``old``'s place, atomically, every index updated; the
+        stored message (its position now as ``id``). ``old`` gone by then: MessageNotFound."""
+
+    @abc.abstractmethod
     def _reading(self): ...
 
     @abc.abstractmethod
@@ -154,6 +171,54 @@ class MemoryBase(abc.ABC):
 
     @abc.abstractmethod
     def _messages_at(self, positions) -> list[Message]: ...
+
+    # -- managing records ----------------------------------------------------------------
+    def get(self, key: str) -> Message | None:
+        """Message ``key`` (its ``id`` its position now), or None."""
+        with self._reading():
+            memory = self.messages()
+            pos = memory.id_of(key)
+            return None if pos is None else memory[pos]
+
+    def get_all(self, start=None, end=None, offset: int = 0, limit: int = 100) -> list[Message]:
+        """The messages with ``start <= timestamp <= end`` (either end open) in time order:
+        ``limit`` of them from the ``offset``-th."""
+        lo, hi = _time_range(start, end)
+        if not isinstance(offset, int) or offset < 0:
+            raise MemoryInputError("offset", f"expected an integer >= 0, got {offset!r}")
+        if not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise MemoryInputError("limit", f"expected an integer in [1, {MAX_PAGE}], got {limit!r}")
+        with self._reading():
+            memory = self.messages()
+            first, stop = _span(memory.timestamps, lo, hi)
+            return list(memory.messages[first + offset : min(stop, first + offset + limit)])
+
+    def update(self, key: str, text: str | None = None, timestamp=None) -> Message:
+        """Replace message ``key``'s text and/or time, its other fields kept; returns it as
+        stored. The embedding is recomputed for a new text (outside any write lock)."""
+        if text is None and timestamp is None:
+            raise MemoryInputError("update", "give a text, a timestamp or both")
+        old = self.get(key)
+        if old is None:
+            raise MessageNotFound(self.name, key)
+        changed = {**message_to_json(old), **({"text": text} if text is not None else {})}
+        if timestamp is not None:
+            changed["timestamp"] = to_utc(timestamp, "timestamp")
+        new = replace(to_message(changed, "update"), id=old.id)
+        return old if new == old else self._replace(old, new)
+
+    def delete(self, keys: str | Sequence[str]) -> list[str]:
+        """Delete message ``keys`` (one or many); returns those that were there."""
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        if not all(isinstance(k, str) for k in keys):
+            raise MemoryInputError("keys", "expected message keys (strings)")
+        return self._delete(list(dict.fromkeys(keys)), None, None) if keys else []
+
+    def delete_all(self, start=None, end=None) -> list[str]:
+        """Delete the messages with ``start <= timestamp <= end`` (no bounds: every one);
+        returns their keys, in time order."""
+        lo, hi = _time_range(start, end)
+        return self._delete(None, lo, hi)
 
     # -- search -------------------------------------------------------------------------
     def query(self, text: str, asked_at=None, user: str | None = None) -> Query:
@@ -250,3 +315,20 @@ class MemoryBase(abc.ABC):
         budget = BUDGET if budget is None else budget
         top_n = TOP_N if top_n is None else top_n
         return build_context(self, text, asked_at, user, k, windows, llm, budget, top_n, classifier)
+
+
+MAX_PAGE = 10_000  # get_all's largest page
+
+
+def _time_range(start, end) -> tuple[datetime | None, datetime | None]:
+    lo = None if start is None else to_utc(start, "start")
+    hi = None if end is None else to_utc(end, "end")
+    if lo is not None and hi is not None and hi < lo:
+        raise MemoryInputError("end", f"{hi.isoformat()} is before start {lo.isoformat()}")
+    return lo, hi
+
+
+def _span(timestamps: Sequence[datetime], lo: datetime | None, hi: datetime | None) -> tuple[int, int]:
+    """The positions ``[first, stop)`` whose time is in ``[lo, hi]``."""
+    first = 0 if lo is None else bisect.bisect_left(timestamps, lo)
+    return first, len(timestamps) if hi is None else bisect.bisect_right(timestamps, hi)

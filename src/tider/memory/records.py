@@ -26,6 +26,14 @@ OPTIONAL_TEXT = ("channel", "topic", "phase", "role")
 KNOWN_FIELDS = {f.name for f in fields(Message)} - {"id"}
 
 
+class MessageNotFound(KeyError):
+    """A management call named a key the memory does not hold."""
+
+    def __init__(self, memory: str, key: str):
+        self.memory, self.key = memory, key
+        super().__init__(f"memory {memory!r} holds no message {key!r}")
+
+
 class MemoryInputError(ValueError):
     """Bad input to a memory; ``field`` names where (``messages[3].timestamp``)."""
 
