@@ -190,7 +190,7 @@ class MemoryBase(abc.ABC):
             raise MemoryInputError("limit", f"expected an integer in [1, {MAX_PAGE}], got {limit!r}")
         with self._reading():
             memory = self.messages()
-            first, stop = _span(memory.timestamps, lo, hi)
+            first, stop = positions_between(memory.timestamps, lo, hi)
             return list(memory.messages[first + offset : min(stop, first + offset + limit)])
 
     def update(self, key: str, text: str | None = None, timestamp=None) -> Message:
@@ -328,7 +328,7 @@ def _time_range(start, end) -> tuple[datetime | None, datetime | None]:
     return lo, hi
 
 
-def _span(timestamps: Sequence[datetime], lo: datetime | None, hi: datetime | None) -> tuple[int, int]:
+def positions_between(timestamps: Sequence[datetime], lo: datetime | None, hi: datetime | None) -> tuple[int, int]:
     """The positions ``[first, stop)`` whose time is in ``[lo, hi]``."""
     first = 0 if lo is None else bisect.bisect_left(timestamps, lo)
     return first, len(timestamps) if hi is None else bisect.bisect_right(timestamps, hi)

@@ -44,8 +44,8 @@ from pathlib import Path
 import numpy as np
 
 from tider.memory import index as indexed
-from tider.memory.base import MemoryBase
-from tider.memory.records import to_messages
+from tider.memory.base import MemoryBase, positions_between
+from tider.memory.records import MessageNotFound, to_messages
 from tider.memory.store import Ranking
 from tider.memory.store_state import MemoryState
 from tider.retrieval.config import RetrievalConfig
@@ -157,9 +157,47 @@ class EmbeddedMemory(MemoryBase):
             vectors = self._check_vectors(vectors, len(records), self.state.dim)
         with self._lock.writing():
             keys = self.state.add(records, vectors, embed_chunks)
-            with self._cache_lock:
-                self._semantic.clear()
+            self._forget_scores()
         return keys
+
+    def _delete(self, keys, start, end) -> list[str]:
+        with self._lock.writing():
+            memory = self.state.memory
+            if keys is None:
+                first, stop = positions_between(memory.timestamps, start, end)
+                gone = [m.key for m in memory.messages[first:stop]]
+            else:
+                wanted = set(keys)
+                gone = [m.key for m in memory.messages if m.key in wanted]
+            if gone:
+                self.state.rewrite(set(gone))
+                self._forget_scores()
+        return gone
+
+    def _replace(self, old: Message, new: Message) -> Message:
+        from tider.retrieval.embed import embedding_text
+
+        template = self.config.embed_template
+        embedded = None if embedding_text(new, template) == embedding_text(old, template) else self.state.embed_one(new)
+        with self._lock.writing():  # the embedding above ran outside it
+            row = self._row_of(new.key)
+            if embedded is None:  # the same embedding text: the stored vectors stay
+                owned = self.state.chunk_rows == row
+                chunks = self.state.chunks.rows.reshape(-1, self.state.dim)[owned]
+                embedded = self.state.vectors.rows[row], (chunks, np.zeros(len(chunks), dtype=np.int64))
+            self.state.rewrite(set(), (new, *embedded))
+            self._forget_scores()
+            return self.state.memory[self.state.memory.id_of(new.key)]
+
+    def _row_of(self, key: str) -> int:
+        pos = self.state.memory.id_of(key)
+        if pos is None:
+            raise MessageNotFound(self.name, key)
+        return int(self.state.row_of_pos[pos])
+
+    def _forget_scores(self) -> None:
+        with self._cache_lock:
+            self._semantic.clear()
 
     def build_indexes(self) -> None:
         """Build now what the first search would (BM25 over every message; the dense rows

@@ -180,6 +180,11 @@ class StoreFiles:
             return None
         return self.index / entry["dir"], entry
 
+    def drop_derived(self) -> None:
+        """Forget every derived index (the messages' rows changed under them)."""
+        write_json(self.index / "derived.json", {})
+        self.remove_stale_derived()
+
     def remove_stale_derived(self) -> None:
         listed = {e["dir"] for e in self.derived().values()}
         for path in self.index.iterdir():

@@ -138,13 +138,7 @@ class MemoryState:
 
             embedder = Embedder(self.config.embedding_model, self.config.embedding_cache_dir)
         self.embedder = embedder
-        self.memory = Memory(self.name, [], granularity)  # time order, Message.id = position
-        self.row_of_pos = np.zeros(0, dtype=np.int64)
-        self.vectors = VectorBuffer()
-        # the extra chunks of long messages (tider.retrieval.embed), in row order, and the
-        # row each belongs to
-        self.chunks = VectorBuffer()
-        self.chunk_rows = np.zeros(0, dtype=np.int64)
+        self._empty_views(granularity)
         self.dim: int | None = None
         self.generation = 0
         self.manifest = manifest or {
@@ -156,12 +150,21 @@ class MemoryState:
             "embedding": {},
         }
         self._build = threading.Lock()  # lazily built indexes: one builder at a time
+        if manifest is not None:
+            self._load()
+
+    def _empty_views(self, granularity: str) -> None:
+        self.memory = Memory(self.name, [], granularity)  # time order, Message.id = position
+        self.row_of_pos = np.zeros(0, dtype=np.int64)
+        self.vectors = VectorBuffer()
+        # the extra chunks of long messages (tider.retrieval.embed), in row order, and the
+        # row each belongs to
+        self.chunks = VectorBuffer()
+        self.chunk_rows = np.zeros(0, dtype=np.int64)
         self._bm25 = self._ts = self._by_pos = self._faiss = self._timeline = self._pos_of_row = None
         self._in_order = True  # row == position for every message
         self._timeline_from: int | None = None  # first position the timeline has not merged yet
         self._saved_graph_rows = 0
-        if manifest is not None:
-            self._load()
 
     # -- loading and adding -------------------------------------------------------------
     def _load(self) -> None:
@@ -245,22 +248,70 @@ class MemoryState:
 
     def _merge_segments(self, newest: np.ndarray, newest_chunks: tuple[np.ndarray, np.ndarray]) -> None:
         """Rewrite every segment as one (rows in order), commit, drop the old files."""
-        m = self.manifest
         lines = []
-        for seg in m["segments"]:
+        for seg in self.manifest["segments"]:
             lines += self.files.read_segment(seg["name"])[0]
         vectors = np.concatenate([self.vectors.rows, newest])
         chunk_vectors = np.concatenate([self.chunks.rows.reshape(-1, newest.shape[1]), newest_chunks[0]])
         chunk_rows = np.concatenate([self.chunk_rows, len(self.memory) + newest_chunks[1]])
+        self._write_as_one_segment(lines, vectors, (chunk_vectors, chunk_rows), rows_kept=True)
+
+    def _write_as_one_segment(self, lines: list[dict], vectors, chunks, rows_kept: bool) -> None:
+        """Commit ``lines`` (rows in order) as the store's only segment and drop the old files.
+        Unless ``rows_kept``, the derived indexes (keyed by row count) go first: a crash then
+        leaves the old memory without its caches, never the new one with stale ones."""
+        m = self.manifest
         name = f"seg-{m['next_segment']:06d}"
-        self.files.write_segment(name, lines, vectors, (chunk_vectors, chunk_rows))
-        self.manifest = {
-            **m,
-            "segments": [{"name": name, "messages": len(lines)}],
-            "next_segment": m["next_segment"] + 1,
-        }
+        if lines:
+            self.files.write_segment(name, lines, vectors, chunks)
+        if not rows_kept:
+            self.files.drop_derived()
+        segments = [{"name": name, "messages": len(lines)}] if lines else []
+        self.manifest = {**m, "segments": segments, "next_segment": m["next_segment"] + 1, "messages": len(lines)}
         self.files.commit(self.manifest)
-        self.files.remove_unlisted({name})
+        self.files.remove_unlisted({s["name"] for s in segments})
+
+    # -- deletes and replacements: the store rewritten ---------------------------------------
+    def rewrite(self, drop: set[str], new: tuple[Message, np.ndarray, tuple] | None = None) -> None:
+        """Remove the messages keyed ``drop`` and put ``new`` (a message, its vector, its
+        chunks' vectors and rows) in the row of the message with its key. The files are
+        rewritten as one segment, so a removed text has left the disk when this returns;
+        the derived indexes are rebuilt on their next use. O(memory): deletes are rare."""
+        by_row = self.memory_by_row()
+        keep = np.array([r for r, m in enumerate(by_row) if m.key not in drop], dtype=np.int64)
+        dim = self.dim or 0
+        vectors = self.vectors.rows[keep] if len(keep) else np.zeros((0, dim), dtype=np.float32)
+        messages = [replace(by_row[r], id=i) for i, r in enumerate(keep)]
+        chunk_vectors = self.chunks.rows.reshape(-1, dim)
+        owned = np.isin(self.chunk_rows, keep)
+        chunk_vectors, chunk_rows = chunk_vectors[owned], np.searchsorted(keep, self.chunk_rows[owned])
+        if new is not None:
+            message, vector, (new_chunks, _) = new
+            row = next(i for i, m in enumerate(messages) if m.key == message.key)
+            messages[row], vectors[row] = replace(message, id=row), vector
+            chunk_vectors = np.concatenate([chunk_vectors[chunk_rows != row], new_chunks])
+            chunk_rows = np.concatenate([chunk_rows[chunk_rows != row], np.full(len(new_chunks), row)])
+            order = np.argsort(chunk_rows, kind="stable")
+            chunk_vectors, chunk_rows = chunk_vectors[order], chunk_rows[order]
+        if self.files is not None:
+            lines = [message_to_json(m) for m in messages]
+            self._write_as_one_segment(lines, vectors, (chunk_vectors, chunk_rows), rows_kept=False)
+        self._empty_views(self.memory.granularity)
+        self.vectors.append(vectors)
+        self._append_chunks(chunk_vectors, chunk_rows, first_row=0)
+        self._place(messages, first_row=0)
+
+    def memory_by_row(self) -> list[Message]:
+        """The messages in the order they were added (``id`` their position)."""
+        by_row: list = [None] * len(self.memory)
+        for p, m in enumerate(self.memory.messages):
+            by_row[int(self.row_of_pos[p])] = m
+        return by_row
+
+    def embed_one(self, message: Message) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """``message``'s vector and its chunks' (vectors, rows 0), as an add would embed them."""
+        vector = self._embed([message])[0]
+        return vector, self._embed_chunks([message], vector.shape[0])
 
     def _place(self, fresh: list[Message], first_row: int) -> None:
         """Put rows ``first_row ..`` (``fresh``, ids = rows) into the time-ordered views."""
@@ -271,11 +322,7 @@ class MemoryState:
             self.row_of_pos = np.concatenate([self.row_of_pos, np.array([fresh[i].id for i in order], dtype=np.int64)])
             first_changed = old_n
         else:
-            by_row = [None] * (old_n + len(fresh))
-            for p, m in enumerate(self.memory.messages):
-                by_row[int(self.row_of_pos[p])] = m
-            for m in fresh:
-                by_row[m.id] = m
+            by_row = self.memory_by_row() + list(fresh)
             order = sorted(range(len(by_row)), key=lambda r: (by_row[r].timestamp, r))
             self.memory = Memory(self.name, [replace(by_row[r], id=r) for r in order], self.memory.granularity)
             new_rows = np.array([m.id for m in fresh], dtype=np.int64)

@@ -1,0 +1,114 @@
+"""Record management on the embedded store (issue 36): get, get_all, update, delete,
+delete_all. A managed memory answers as a memory built from its surviving messages would,
+through every index, in RAM and on disk, and a deleted text leaves the store's files.
+(PostgreSQL: tests/test_memory_postgres.py; HTTP: tests/test_memory_service.py.)"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from test_memory import CONFIGS, T0, NoEmbedder, answers, records
+
+from tider.memory import MemoryInputError, TemporalMemory
+from tider.memory.records import MessageNotFound
+from tider.retrieval.config import RetrievalConfig
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    from tider.retrieval.embed import Embedder
+
+    return Embedder(cache_dir=tmp_path_factory.mktemp("embeddings"))
+
+
+def store_bytes(root) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file())
+
+
+def test_update_then_delete_through_every_index(embedder, tmp_path):
+    msgs, _ = records(40)
+    msgs[7]["text"] = "we booked the zeppelin tour for the offsite"
+    config = RetrievalConfig(semantic="bm25")
+    mem = TemporalMemory(tmp_path / "chat", config=config, embedder=embedder)
+    mem.add(msgs)
+    assert mem.get("m7").text == msgs[7]["text"] and mem.get("nope") is None
+    assert mem.search("zeppelin", k=1).ids == ["m7"]
+
+    stored = mem.update("m7", text="we booked the kayak tour for the offsite")
+    assert stored.key == "m7" and stored.text.startswith("we booked the kayak") and len(mem) == 40
+    assert mem.search("kayak", k=1).ids == ["m7"]
+    assert all("zeppelin" not in m.text for m in mem.search("zeppelin", k=40).messages)
+    assert mem.search("kayak", k=1, semantic="hybrid").ids == ["m7"]  # the vector was re-embedded too
+
+    assert mem.delete(["m7", "not-there"]) == ["m7"] and len(mem) == 39
+    assert mem.get("m7") is None and "m7" not in mem.search("kayak", k=39).ids
+    mem.close()
+    assert b"kayak" not in store_bytes(tmp_path / "chat") and b"zeppelin" not in store_bytes(tmp_path / "chat")
+    with TemporalMemory(tmp_path / "chat", embedder=embedder) as again:
+        assert len(again) == 39 and again.get("m7") is None and "m7" not in again.search("kayak", k=39).ids
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_a_managed_memory_answers_as_one_built_from_its_survivors(kind, on_disk, tmp_path):
+    msgs, vecs = records(700)
+    config = CONFIGS[kind]
+    mem = TemporalMemory(tmp_path / "managed" if on_disk else None, config=config, embedder=NoEmbedder())
+    mem.add(msgs, vectors=vecs)
+    answers(mem, exact=kind == "exact")  # the indexes exist before they change
+    mem.timeline()
+    dropped = {f"m{i}" for i in range(0, 700, 7)}
+    assert sorted(mem.delete(sorted(dropped))) == sorted(dropped)
+    moved = {"m3": T0 - timedelta(days=5), "m500": T0 + timedelta(days=150)}  # older than all; mid-memory
+    for key, when in moved.items():
+        assert mem.update(key, timestamp=when).timestamp == when  # the same text: no embedding
+    lo, hi = T0 + timedelta(days=200), T0 + timedelta(days=210)
+    in_range = [m.key for m in mem.get_all(lo, hi, limit=10_000)]
+    assert mem.delete_all(lo, hi) == in_range and in_range
+
+    gone = dropped | set(in_range)
+    keep = [i for i in range(700) if f"m{i}" not in gone]
+    survivors = [{**msgs[i], **({"timestamp": moved[f"m{i}"].isoformat()} if f"m{i}" in moved else {})} for i in keep]
+    fresh = TemporalMemory(None, config=config, embedder=NoEmbedder())
+    fresh.add(survivors, vectors=vecs[keep])
+    for m in [mem] + ([None] if on_disk else []):
+        if m is None:  # the same memory read back from its files
+            mem.close()
+            m = TemporalMemory(tmp_path / "managed", embedder=NoEmbedder())
+        assert [x.key for x in m.messages()] == [x.key for x in fresh.messages()]
+        assert m.timeline().starts == fresh.timeline().starts
+        assert answers(m, exact=kind == "exact") == answers(fresh, exact=kind == "exact")
+
+
+def test_get_all_pages_and_bad_calls_change_nothing(tmp_path):
+    msgs, vecs = records(50)
+    mem = TemporalMemory(tmp_path / "m", embedder=NoEmbedder())
+    mem.add(msgs, vectors=vecs)
+    everything = mem.get_all(limit=50)
+    assert [m.id for m in everything] == list(range(50))
+    pages = [mem.get_all(offset=o, limit=7) for o in range(0, 50, 7)]
+    assert [m.key for page in pages for m in page] == [m.key for m in everything]
+    lo, hi = everything[10].timestamp, everything[20].timestamp
+    assert all(lo <= m.timestamp <= hi for m in mem.get_all(lo, hi)) and len(mem.get_all(lo, hi)) >= 11
+    for call, field in [
+        (lambda: mem.get_all(limit=0), "limit"),
+        (lambda: mem.get_all(offset=-1), "offset"),
+        (lambda: mem.get_all(hi, lo), "end"),
+        (lambda: mem.get_all("yesterday"), "start"),
+        (lambda: mem.update("m1"), "update"),
+        (lambda: mem.update("m1", timestamp="soon"), "timestamp"),
+        (lambda: mem.update("m1", text=5), "update.text"),
+        (lambda: mem.delete([3]), "keys"),
+    ]:
+        with pytest.raises(MemoryInputError) as err:
+            call()
+        assert err.value.field == field, err.value
+    with pytest.raises(MessageNotFound, match="'nope'"):
+        mem.update("nope", text="x")
+    assert mem.delete([]) == [] and mem.delete("nope") == []
+    assert [m.key for m in mem.get_all(limit=50)] == [m.key for m in everything]
+    assert mem.delete_all() == [m.key for m in everything] and len(mem) == 0
+    mem.add(msgs[:3], vectors=vecs[:3])  # an emptied memory takes adds again
+    assert len(mem) == 3 and np.isfinite(mem.search(msgs[0]["text"], query_vector=vecs[0]).scores).all()
