@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -37,12 +37,12 @@ def test_schema_is_created_and_versioned_by_code(postgres):
     TemporalMemory(url, name="a", embedder=NoEmbedder()).close()
     TemporalMemory(url, name="b", embedder=NoEmbedder()).close()  # already migrated: nothing applied twice
     with psycopg.connect(url, autocommit=True) as conn:
-        assert conn.execute("SELECT version FROM tider_schema").fetchall() == [(1,), (2,), (3,)]
+        assert conn.execute("SELECT version FROM tider_schema").fetchall() == [(1,), (2,), (3,), (4,)]
         conn.execute("INSERT INTO tider_schema (version, description) VALUES (99, 'from the future')")
     from tider.memory.pg import pool
 
     pool._POOLS.clear()  # a new process would open a new pool: it must refuse a schema it does not know
-    with pytest.raises(StoreError, match="version 99, this tider knows up to 3: upgrade tider"):
+    with pytest.raises(StoreError, match="version 99, this tider knows up to 4: upgrade tider"):
         TemporalMemory(url, name="a", embedder=NoEmbedder())
 
 
@@ -339,3 +339,185 @@ def test_memory_import_into_a_database_then_search(postgres, tmp_path):
             assert mem.search("status update", k=3).ids
     finally:
         backend.close()
+
+
+# -- record management (issue 36) -------------------------------------------------------------
+class HashVectors:
+    """Deterministic vectors (same text, same vector) of the test's dimension: an embedder
+    for updates of text without a model."""
+
+    model_name = "hash-vectors"
+
+    def encode(self, texts):
+        seeds = [int(hashlib.sha1(t.encode()).hexdigest()[:8], 16) for t in texts]
+        out = np.array([np.random.default_rng(seed).normal(size=DIM) for seed in seeds], dtype=np.float32)
+        return (out / np.linalg.norm(out, axis=1, keepdims=True)).reshape(-1, DIM)
+
+
+def check_tables(url: str, name: str) -> None:
+    """Positions dense in (time, seq) order; every posting's message there with its
+    position and time; document frequencies and corpus statistics as counted."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        (mid,) = conn.execute("SELECT id FROM tider_memories WHERE name = %s", (name,)).fetchone()
+        pos = [
+            r[0] for r in conn.execute("SELECT pos FROM tider_messages WHERE memory_id = %s ORDER BY ts, seq", (mid,))
+        ]
+        assert pos == list(range(len(pos)))
+        stray = conn.execute(
+            "SELECT count(*) FROM tider_postings p LEFT JOIN tider_messages m ON m.memory_id = p.memory_id "
+            "AND m.seq = p.seq WHERE p.memory_id = %s AND (m.seq IS NULL OR m.pos <> p.pos OR m.ts <> p.ts "
+            "OR m.doc_length <> p.doc_length)",
+            (mid,),
+        ).fetchone()[0]
+        assert stray == 0
+        stored = dict(conn.execute("SELECT term, df FROM tider_terms WHERE memory_id = %s", (mid,)).fetchall())
+        counted = conn.execute("SELECT term, count(*) FROM tider_postings WHERE memory_id = %s GROUP BY term", (mid,))
+        assert stored == dict(counted.fetchall())
+        n, total, max_ts = conn.execute(
+            "SELECT n_messages, total_length, max_ts FROM tider_memories WHERE id = %s", (mid,)
+        ).fetchone()
+        assert (n, total, max_ts) == conn.execute(
+            "SELECT count(*), coalesce(sum(doc_length), 0), max(ts) FROM tider_messages WHERE memory_id = %s", (mid,)
+        ).fetchone()
+
+
+def test_update_then_delete_on_postgres(postgres):
+    """add, get, update the text (search finds the new one, not the old), delete (neither
+    search nor get finds it); another process's memory sees each change on its next read;
+    the deleted text is in no live row."""
+    import psycopg
+
+    msgs, _ = records(40)
+    msgs[7]["text"] = "we booked the zeppelin tour for the offsite"
+    url, config = postgres.database(), RetrievalConfig(semantic="bm25")
+    mem = TemporalMemory(url, name="chat", config=config, embedder=HashVectors())
+    other = TemporalMemory(url, name="chat", config=config, embedder=HashVectors())  # another process's reads, its own copy
+    assert mem.get("m7") is None and mem.delete("m7") == [] and mem.delete_all() == []  # no memory yet
+    mem.add(msgs)
+    assert mem.get("m7").text == msgs[7]["text"] and mem.get("nope") is None
+    assert mem.search("zeppelin", k=1).ids == ["m7"] and other.get("m7").text == msgs[7]["text"]
+    assert len(other.timeline().starts) and other.search("zeppelin", k=1).ids == ["m7"]
+
+    stored = mem.update("m7", text="we booked the kayak tour for the offsite")
+    assert stored.key == "m7" and stored.text.startswith("we booked the kayak") and len(mem) == 40
+    assert stored == mem.get("m7") == other.get("m7") and stored.id == mem.messages().id_of("m7")
+    vector = HashVectors().encode(["u1: we booked the kayak tour for the offsite"])[0]
+    for m in (mem, other):
+        assert m.search("kayak", k=1).ids == ["m7"]
+        assert all("zeppelin" not in h.text for h in m.search("zeppelin", k=40).messages)
+        assert m.search("x", k=1, semantic="dense", query_vector=vector).ids == ["m7"]  # re-embedded
+        assert m.search("kayak", k=1, semantic="hybrid", query_vector=vector).ids == ["m7"]
+    with pytest.raises(MemoryInputError):
+        mem.update("m7")
+    from tider.memory.records import MessageNotFound
+
+    with pytest.raises(MessageNotFound):
+        mem.update("nope", text="x")
+
+    assert mem.delete(["m7", "not-there", "m7"]) == ["m7"] and len(mem) == 39
+    for m in (mem, other):
+        assert len(m) == 39 and m.get("m7") is None and "m7" not in m.search("kayak", k=39).ids
+        assert "m7" not in {x.key for x in m.messages()} and len(m.messages()) == 39
+    with pytest.raises(MessageNotFound):
+        mem.update("m7", text="back")
+    check_tables(url, "chat")
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM tider_messages WHERE text LIKE '%%kayak%%'").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM tider_terms WHERE term LIKE 'kayak%%'").fetchone()[0] == 0
+    left = [m.key for m in mem.messages()]
+    assert mem.delete_all() == left and len(left) == 39
+    assert len(mem) == 0 and len(other) == 0 and other.messages().messages == [] and mem.search("offsite").ids == []
+    mem.add(msgs[:3])  # an emptied memory takes adds again
+    assert len(other) == 3 and [m.key for m in other.messages()] == [m.key for m in mem.messages()]
+    check_tables(url, "chat")
+    mem.close()
+    other.close()
+
+
+def _answers(mem, exact: bool = True) -> list:
+    out = answers(mem, exact)
+    out += [
+        (h.ids, h.scores)
+        for text, asked, vec, win in queries(6, seed=4)
+        for semantic in ("bm25", "dense")
+        for h in [mem.search(text, asked_at=asked, windows=win, query_vector=vec, k=25, semantic=semantic)]
+    ]
+    return out
+
+
+def test_a_managed_postgres_memory_answers_as_one_built_from_its_survivors(postgres):
+    """Deletes (keys, a time range), updates (times moved back, forward and within equal
+    times; texts, re-embedded), out-of-order adds in between: search (every channel, with
+    and without windows, past cut), len, messages and timeline equal those of a fresh
+    memory given the surviving messages in their insertion order; another process's copy,
+    read before the changes, follows."""
+    from tider.retrieval.embed import embedding_text
+    from tider.types import Message
+
+    msgs, vecs = records(900)
+    by_time = list(np.argsort([m["timestamp"] for m in msgs], kind="stable"))
+    order = sorted(by_time[:700]) + sorted(by_time[700:], key=lambda i: msgs[i]["timestamp"], reverse=True)
+    url, emb = postgres.database(), HashVectors()
+    mem = TemporalMemory(url, name="managed", embedder=emb)
+    other = TemporalMemory(url, name="managed", embedder=emb)
+    first, later = order[:600], order[600:]
+    mem.add([msgs[i] for i in first], vectors=vecs[first])
+    _answers(mem), other.messages(), other.timeline()  # copies and caches exist before anything changes
+
+    dropped = {f"m{i}" for i in range(0, 900, 7)}
+    assert sorted(mem.delete(sorted(dropped))) == sorted(k for k in dropped if int(k[1:]) in set(first))
+    mem.add([msgs[i] for i in later], vectors=vecs[later])  # out of order, after a delete
+    assert sorted(mem.delete(sorted(dropped))) == sorted(k for k in dropped if int(k[1:]) in set(later))
+    other.messages(), other.timeline()
+
+    moved = {
+        "m3": T0 - timedelta(days=5),  # older than all
+        "m500": T0 + timedelta(days=150),  # mid-memory
+        "m11": T0 + timedelta(days=400),  # the newest
+        "m12": datetime.fromisoformat(msgs[13]["timestamp"]),  # onto another's time: seq breaks the tie
+    }
+    for key, when in moved.items():
+        assert mem.update(key, timestamp=when).timestamp == when  # the same text: no embedding
+    texts = {"m22": "the zeppelin tour is booked", "m23": "roadmap vote moved"}
+    for key, text in texts.items():
+        assert mem.update(key, text=text).text == text
+    moved["m23"] = T0 + timedelta(days=2)
+    assert mem.update("m23", text=texts["m23"], timestamp=moved["m23"]).timestamp == moved["m23"]
+    assert mem.get("m24") == mem.update("m24", text=msgs[24]["text"])  # no change: nothing written
+    lo, hi = T0 + timedelta(days=200), T0 + timedelta(days=210)
+    in_range = [m.key for m in mem.get_all(lo, hi, limit=10_000)]
+    assert in_range and mem.delete_all(lo, hi) == in_range
+    page = mem.get_all(lo - timedelta(days=30), hi, offset=5, limit=7)
+    assert [m.key for m in page] == [m.key for m in mem.get_all(lo - timedelta(days=30), hi, limit=10_000)[5:12]]
+
+    gone = dropped | set(in_range)
+    keep = [i for i in order if f"m{i}" not in gone]
+    survivors = []
+    for i in keep:
+        m = dict(msgs[i])
+        if f"m{i}" in moved:
+            m["timestamp"] = moved[f"m{i}"].isoformat()
+        m["text"] = texts.get(m["key"], m["text"])
+        survivors.append(m)
+    fresh_vecs = vecs[keep].copy()
+    for j, m in enumerate(survivors):
+        if m["key"] in texts:
+            as_message = Message(0, m["key"], m["text"], T0, m["speaker"], "")
+            fresh_vecs[j] = emb.encode([embedding_text(as_message, mem.config.embed_template)])[0]
+    fresh = TemporalMemory(url, name="fresh", embedder=NoEmbedder())
+    fresh.add(survivors, vectors=fresh_vecs)
+
+    want = [(m.key, m.timestamp, m.text) for m in fresh.messages()]
+    for m in (mem, other):
+        assert len(m) == len(fresh) == len(keep)
+        assert [(x.key, x.timestamp, x.text) for x in m.messages()] == want
+        a, b = m.timeline(), fresh.timeline()
+        assert a.starts == b.starts and np.allclose(a.vectors, b.vectors, atol=1e-6)
+        got, expected = _answers(m), _answers(fresh)
+        assert [ids for ids, _ in got] == [ids for ids, _ in expected]
+        for (_, s1), (_, s2) in zip(got, expected):
+            assert np.allclose(s1, s2, rtol=1e-5, atol=1e-6)
+    check_tables(url, "managed")
+    mem.close(), other.close(), fresh.close()

@@ -168,7 +168,7 @@ class PostgresMemory(MemoryBase):
 
     def _copy(self, snap: Snapshot):
         row = snap.row
-        return self._view.at(snap.conn, row.id if row else None, row.version if row else 0)
+        return self._view.at(snap.conn, row.id if row else None, row.version if row else 0, row.rewritten if row else 0)
 
     def __len__(self) -> int:
         with self._read() as snap:
@@ -352,6 +352,74 @@ class PostgresMemory(MemoryBase):
                 pg = self.pg
                 ensure_hnsw(conn, memory_id, vecs.shape[1], pg.hnsw_m, pg.hnsw_ef_construction, pg.maintenance_work_mem)
         return keys
+
+    # -- record management (the public calls are MemoryBase's) ------------------------------
+    def _memory_id(self) -> int | None:
+        with self.pool.connection() as conn:
+            row = conn.execute("SELECT id FROM tider_memories WHERE name = %s", (self.name,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def _delete(self, keys: Sequence[str] | None, start: datetime | None, end: datetime | None) -> list[str]:
+        """One transaction (``tider.memory.pg.manage``): the rows, their postings and chunks
+        are deleted, statistics, positions and timeline follow. The text leaves the disk
+        when PostgreSQL vacuums the dead rows (autovacuum; or ``VACUUM`` now)."""
+        from tider.memory.pg.manage import commit_delete
+
+        memory_id = self._memory_id()
+        if memory_id is None or (keys is not None and not keys):
+            return []
+        with self.pool.connection() as conn:
+            gone = commit_delete(conn, memory_id, keys, start, end, self.config)
+        if gone:
+            self._forget_scores()
+        return gone
+
+    def _replace(self, old: Message, new: Message) -> Message:
+        """``new`` in ``old``'s row, one transaction; a new embedding text is embedded
+        first, outside the row lock (and again if another writer changed the stored
+        message's embedding text meanwhile)."""
+        from tider.memory.pg.manage import commit_replace
+        from tider.retrieval.embed import embedding_text
+
+        memory_id = self._memory_id()
+        if memory_id is None:
+            from tider.memory.records import MessageNotFound
+
+            raise MessageNotFound(self.name, new.key)
+        template = self.config.embed_template
+        wanted = embedding_text(new, template)
+        terms = bm25_terms([new], self.config)[0]
+        embedded = None if embedding_text(old, template) == wanted else self._embed_one(new)
+        for _ in range(5):
+            with self.pool.connection() as conn:
+                out = commit_replace(
+                    conn,
+                    self.name,
+                    memory_id,
+                    new,
+                    terms,
+                    embedded,
+                    lambda current: embedding_text(current, template) == wanted,
+                    self.config,
+                )
+            if out is not None:
+                self._forget_scores()
+                return out
+            embedded = self._embed_one(new)  # the stored text changed under us: its vector is not new's
+        raise StoreError(f"memory {self.name!r}: message {new.key!r} kept changing during the update; retry it")
+
+    def _embed_one(self, message: Message) -> tuple[np.ndarray, np.ndarray]:
+        """``message``'s vector and its chunks' vectors, as an add embeds them."""
+        from tider.retrieval.embed import embed_chunks
+
+        vector = self._embed([message])[0]
+        cfg = self.config
+        chunks, _ = embed_chunks(self.embedder, [message], cfg.embed_template, cfg.embed_chunking, vector.shape[0])
+        return vector, chunks
+
+    def _forget_scores(self) -> None:
+        with self._cache_lock:  # keyed by version too; this only frees the memory sooner
+            self._semantic.clear()
 
     def _embed(self, messages: Sequence[Message]) -> np.ndarray:
         from tider.retrieval.embed import embedding_text

@@ -51,11 +51,13 @@ class MemoryRow:
     version: int
     dim: int | None
     max_ts: datetime | None
+    rewritten: int = 0  # the version of the last delete or update
 
     @classmethod
     def read(cls, conn, name: str) -> MemoryRow | None:
         row = conn.execute(
-            "SELECT id, n_messages, total_length, version, dim, max_ts FROM tider_memories WHERE name = %s", (name,)
+            "SELECT id, n_messages, total_length, version, dim, max_ts, rewritten FROM tider_memories WHERE name = %s",
+            (name,),
         ).fetchone()
         return cls(*row) if row else None
 

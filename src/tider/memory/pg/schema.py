@@ -9,11 +9,15 @@ edit of an applied one.
 Tables (one row per memory / message / posting / term / timeline cluster):
 
 - ``tider_memories``: name, granularity, the ``RetrievalConfig`` it was built with, the
-  embedding dimension, corpus statistics (messages, summed BM25 document lengths) and
-  ``version``, bumped by every add that adds (readers cache per version);
+  embedding dimension, corpus statistics (messages, summed BM25 document lengths),
+  ``version``, bumped by every add that adds and every delete or update that changes
+  something (readers cache per version), and ``rewritten``, the version of the last
+  delete or update (a reader's copy older than it cannot be extended by the rows added
+  since: it is read again, ``tider.memory.pg.views``);
 - ``tider_messages``: the message, its vector (pgvector), ``seq`` (insertion order, a
   bigserial) and ``pos``, its position in (timestamp, seq) order, kept dense (0 .. n-1) by
-  the adds; a window is a ``ts`` range on the ``(memory_id, ts, seq)`` index;
+  the adds, deletes and updates (``tider.memory.pg.manage``); a window is a ``ts`` range
+  on the ``(memory_id, ts, seq)`` index;
 - ``tider_postings`` / ``tider_terms``: the BM25 inverted index (term frequency, document
   length and the message's position per posting, document frequency per term);
 - ``tider_timeline``: the event clusters (first position and centroid of each);
@@ -120,6 +124,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 PRIMARY KEY (memory_id, seq, chunk),
                 FOREIGN KEY (memory_id, seq) REFERENCES tider_messages (memory_id, seq) ON DELETE CASCADE)""",
         ],
+    ),
+    (
+        4,
+        "the version of each memory's last delete or update: a reader's copy from before it is read again",
+        ["ALTER TABLE tider_memories ADD COLUMN rewritten bigint NOT NULL DEFAULT 0"],
     ),
 ]
 LATEST = MIGRATIONS[-1][0]

@@ -6,7 +6,9 @@ and ``MemoryStore.timeline`` a ``Timeline`` whose prompt lines score every messa
 vector (the ``timeline`` and ``locator`` sources). ``MemoryView`` builds those from the
 tables inside the caller's snapshot and keeps them per memory version; moving to a newer
 version reads only the rows added since (``seq`` beyond the last one seen), so a process
-copies each message once. Vectors are copied only when a timeline is asked for.
+copies each message once, unless a delete or update came in between (the memory row's
+``rewritten`` is newer than the copy): rows went or changed in place, so the copy is read
+again whole. Vectors are copied only when a timeline is asked for.
 """
 
 from __future__ import annotations
@@ -65,16 +67,18 @@ class MemoryView:
         self._latest = Copy(-1, Memory(name, [], granularity), np.zeros(0, dtype=np.int64))
         self._lock = threading.Lock()
 
-    def at(self, conn, memory_id: int | None, version: int) -> Copy:
+    def at(self, conn, memory_id: int | None, version: int, rewritten: int = 0) -> Copy:
         """The copy at ``version`` (the snapshot ``conn`` reads), built from the newest one
-        when it is older, else read whole (a reader still on an older snapshot)."""
+        when it is older and no delete or update (at version ``rewritten``) came after it,
+        else read whole (a reader still on an older snapshot; a memory rewritten since)."""
         with self._lock:
             base = self._latest
         if base.version == version:
             return base
         if memory_id is None:
             return Copy(version, Memory(self.name, [], self.granularity), np.zeros(0, dtype=np.int64))
-        start = base if base.version < version else Copy(-1, Memory(self.name, [], self.granularity), base.seqs[:0])
+        extend = rewritten <= base.version < version
+        start = base if extend else Copy(-1, Memory(self.name, [], self.granularity), base.seqs[:0])
         last_seq = int(start.seqs.max()) if len(start.seqs) else 0
         rows = conn.execute(
             f"SELECT {ROW_COLUMNS} FROM tider_messages WHERE memory_id = %s AND seq > %s ORDER BY seq",
