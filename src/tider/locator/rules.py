@@ -31,16 +31,31 @@ What this module adds is only what the library leaves open:
 2023-05-07``) and what ``{"cue": 1}`` in a locator answer refers to. The ``rules`` source
 turns every cue into a window, widened by ``pad_days``; no cue means ``temporal=false``.
 Resolution costs ~20-50 ms a question in pure Python, so results are memoised per
-(text, reference time), kept on disk, and a batch of new questions is resolved on every
-core (``prepare_cues``).
+(text, reference time) and a batch of new questions is resolved on every core
+(``prepare_cues``).
+
+Which resolutions are kept on disk (``cue_cache_path``, ``resolver_for``): the questions
+of a dataset (evaluation, training, the demo: everything that asks through a
+``MemoryCollection`` or ``shared_resolver()``) in ``$TIDER_CACHE/cues.jsonl``, default
+``.cache/tider/cues.jsonl`` under the working directory, since the same thousands of
+questions come back in every run; the questions an application asks of its own memory
+(``TemporalMemory``, ``tider memory serve``) in process memory only, a bounded memo, unless
+``TIDER_CUE_CACHE`` names a file (the opt-in; then every path keeps its resolutions
+there). ``TIDER_CUE_CACHE=off`` keeps nothing on disk anywhere. The file never holds a
+question: a row is a SHA-256 of (text, asked_at, floor) and the resolved cues (the time
+expressions' own words, "last week", and their dates).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
+import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -203,42 +218,72 @@ class CueResolver:
     ``cache_path`` (a JSONL file) keeps resolutions across processes: the library costs
     tens of milliseconds a question, the same questions come back in every training and
     evaluation run, and an appended line per question survives a killed run (a torn last
-    line is skipped on load)."""
+    line is skipped on load). A line holds the SHA-256 of the question's key, never its
+    text (``cue_digest``); lines of an older tider that held the text are rewritten so on
+    load. ``memo_size`` bounds the in-process memo (least recently used out first; None:
+    unbounded), for a long-running service that meets ever new questions."""
 
-    def __init__(self, culture: str = "en-us", cache_path: str | Path | None = None):
+    def __init__(self, culture: str = "en-us", cache_path: str | Path | None = None, memo_size: int | None = None):
         self.culture = culture
         self._model = None
-        self._memo: dict[tuple, tuple[TimeCue, ...]] = {}
+        self._memo: OrderedDict[str, tuple[TimeCue, ...]] = OrderedDict()  # cue_digest(key) -> cues
+        self._memo_lock = threading.Lock()
+        self.memo_size = memo_size
         self.cache_path = Path(cache_path) if cache_path else None
         if self.cache_path is not None and self.cache_path.exists():
             self._load()
 
     def _load(self) -> None:
+        plaintext = False
         for line in self.cache_path.read_text(encoding="utf-8").splitlines():
             try:
                 row = json.loads(line)
                 if row.get("v") != RESOLVER_VERSION:
                     continue
-                key = (row["text"], datetime.fromisoformat(row["asked_at"]), datetime.fromisoformat(row["floor"]))
-                self._memo[key] = tuple(
+                if "key" in row:
+                    digest = str(row["key"])
+                else:  # written before keys were hashed: the question in plaintext
+                    digest = cue_digest(
+                        (row["text"], datetime.fromisoformat(row["asked_at"]), datetime.fromisoformat(row["floor"]))
+                    )
+                    plaintext = True
+                self._memo[digest] = tuple(
                     TimeCue(c, Window(datetime.fromisoformat(a), datetime.fromisoformat(b))) for c, a, b in row["cues"]
                 )
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
+        if plaintext:
+            self._rewrite()
 
-    def _store(self, key: tuple, cues: tuple[TimeCue, ...]) -> None:
+    def _rewrite(self) -> None:
+        """The cache file again, hashed rows only (temp file, then rename: a reader sees one or the other)."""
+        tmp = self.cache_path.with_name(f".{self.cache_path.name}.{os.getpid()}.tmp")
+        tmp.write_text("".join(json.dumps(_row(d, cues)) + "\n" for d, cues in self._memo.items()), encoding="utf-8")
+        os.replace(tmp, self.cache_path)
+        logger.info("%s: question texts replaced by their hashes", self.cache_path)
+
+    def _store(self, digest: str, cues: tuple[TimeCue, ...]) -> None:
         if self.cache_path is None:
             return
         self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        row = {
-            "v": RESOLVER_VERSION,
-            "text": key[0],
-            "asked_at": key[1].isoformat(),
-            "floor": key[2].isoformat(),
-            "cues": [[c.text, c.window.start.isoformat(), c.window.end.isoformat()] for c in cues],
-        }
         with open(self.cache_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(_row(digest, cues)) + "\n")
+
+    def _known(self, digest: str) -> tuple[TimeCue, ...] | None:
+        with self._memo_lock:
+            cues = self._memo.get(digest)
+            if cues is not None and self.memo_size is not None:
+                self._memo.move_to_end(digest)
+            return cues
+
+    def _remember(self, digest: str, cues: tuple[TimeCue, ...]) -> None:
+        with self._memo_lock:
+            self._memo[digest] = cues
+            if self.memo_size is not None:
+                self._memo.move_to_end(digest)
+                while len(self._memo) > self.memo_size:
+                    self._memo.popitem(last=False)
+        self._store(digest, cues)
 
     def _parse(self, text: str, reference: datetime):
         if self._model is None:  # building the recognizer compiles hundreds of regexes
@@ -251,17 +296,19 @@ class CueResolver:
         """Cues in the order they occur in ``text``; ``floor`` closes ranges without a
         start ("before May 3"), default four years before ``asked_at``."""
         key = (text, asked_at, floor or asked_at - timedelta(days=4 * 365))
-        if key not in self._memo:
-            self._memo[key] = tuple(self._resolve(*key))
-            self._store(key, self._memo[key])
-        return self._memo[key]
+        digest = cue_digest(key)
+        cues = self._known(digest)
+        if cues is None:
+            cues = tuple(self._resolve(*key))
+            self._remember(digest, cues)
+        return cues
 
     def resolve_many(self, keys: Iterable[tuple[str, datetime, datetime]], workers: int | None = None) -> int:
         """Resolve the ``(text, asked_at, floor)`` keys not known yet, in ``workers``
         processes (default: one per core, at most 8); returns how many were new. The library
         is single-threaded Python, and a training run meets thousands of new questions at
         once (a fresh checkout resolves the demo's 2,200 in about half the time on 2 cores)."""
-        todo = list(dict.fromkeys(k for k in keys if k not in self._memo))
+        todo = list(dict.fromkeys(k for k in keys if self._known(cue_digest(k)) is None))
         workers = min(workers or os.cpu_count() or 1, 8, max(1, len(todo) // 64))
         if workers <= 1:
             for key in todo:
@@ -274,8 +321,7 @@ class CueResolver:
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
             for part in pool.imap_unordered(_resolve_part, parts):
                 for key, cues in part:
-                    self._memo[key] = cues
-                    self._store(key, cues)
+                    self._remember(cue_digest(key), cues)
         return len(todo)
 
     def _resolve(self, text: str, asked_at: datetime, floor: datetime) -> list[TimeCue]:
@@ -299,6 +345,20 @@ class CueResolver:
             if cue not in cues:
                 cues.append(cue)
         return cues
+
+
+def cue_digest(key: tuple[str, datetime, datetime]) -> str:
+    """What the cache keeps of a question's ``(text, asked_at, floor)``: its SHA-256."""
+    text, asked_at, floor = key
+    return hashlib.sha256(json.dumps([text, asked_at.isoformat(), floor.isoformat()]).encode("utf-8")).hexdigest()
+
+
+def _row(digest: str, cues: tuple[TimeCue, ...]) -> dict:
+    return {
+        "v": RESOLVER_VERSION,
+        "key": digest,
+        "cues": [[c.text, c.window.start.isoformat(), c.window.end.isoformat()] for c in cues],
+    }
 
 
 def visible_span(memory: Memory, asked_at: datetime) -> Window | None:
@@ -338,20 +398,60 @@ def prepare_cues(resolver: CueResolver, queries: Iterable[Query], memories: dict
 
 
 _SHARED: CueResolver | None = None
+_PRIVATE: CueResolver | None = None
+_RESOLVERS_LOCK = threading.Lock()
+CUE_CACHE_ENV = "TIDER_CUE_CACHE"
+_OFF = {"", "0", "off", "none", "false", "no"}
+# The memo of the questions asked of applications' memories: a bound, not a log.
+PRIVATE_MEMO_SIZE = 4096
 
 
-def default_cache_path() -> Path:
-    """``$TIDER_CACHE/cues.jsonl`` if set, else ``.cache/tider/cues.jsonl`` under the cwd."""
+def default_cache_path() -> Path | None:
+    """Where ``shared_resolver()`` keeps resolutions: ``$TIDER_CUE_CACHE`` (a file; ``off``:
+    nowhere), else ``$TIDER_CACHE/cues.jsonl``, else ``.cache/tider/cues.jsonl`` under the cwd."""
+    chosen = os.environ.get(CUE_CACHE_ENV)
+    if chosen is not None:
+        return None if chosen.strip().lower() in _OFF else Path(chosen)
     root = os.environ.get("TIDER_CACHE")
     return (Path(root) if root else Path(".cache") / "tider") / "cues.jsonl"
 
 
+def cue_cache_opted_in() -> bool:
+    """Whether ``$TIDER_CUE_CACHE`` names a file: then the questions asked of a memory
+    (``TemporalMemory``, the service) are kept there too."""
+    chosen = os.environ.get(CUE_CACHE_ENV)
+    return chosen is not None and chosen.strip().lower() not in _OFF
+
+
 def shared_resolver() -> CueResolver:
-    """One resolver per process (the recognizer is expensive to build), cached on disk."""
+    """One resolver per process for a dataset's questions (the recognizer is expensive to
+    build), kept on disk at ``default_cache_path()``."""
     global _SHARED
-    if _SHARED is None:
-        _SHARED = CueResolver(cache_path=default_cache_path())
-    return _SHARED
+    with _RESOLVERS_LOCK:
+        if _SHARED is None:
+            _SHARED = CueResolver(cache_path=default_cache_path())
+        return _SHARED
+
+
+def private_resolver() -> CueResolver:
+    """The process's resolver for questions an application asks of its memory: nothing on
+    disk, a bounded memo (``PRIVATE_MEMO_SIZE``)."""
+    global _PRIVATE
+    with _RESOLVERS_LOCK:
+        if _PRIVATE is None:
+            _PRIVATE = CueResolver(memo_size=PRIVATE_MEMO_SIZE)
+        return _PRIVATE
+
+
+def resolver_for(store) -> CueResolver:
+    """The resolver for a question asked through ``store``: a dataset's collection
+    (``tider.memory.MemoryCollection``: evaluation, training rewards) gets
+    ``shared_resolver()``, anything else (one memory: ``TemporalMemory``, the service)
+    ``private_resolver()`` unless ``$TIDER_CUE_CACHE`` opts in."""
+    collection = sys.modules.get("tider.memory.collection")  # not imported: not a collection
+    if cue_cache_opted_in() or (collection is not None and isinstance(store, collection.MemoryCollection)):
+        return shared_resolver()
+    return private_resolver()
 
 
 @register_source("rules")
@@ -365,14 +465,15 @@ class RulesWindows(BaseSource):
 
     def __init__(self, pad_days: float = 1.0, resolver: CueResolver | None = None):
         self.pad = timedelta(days=pad_days)
-        self.resolver = resolver or shared_resolver()
+        self.resolver = resolver  # None: the one for each store (``resolver_for``)
 
     def predict(self, query: Query, store) -> WindowPrediction:
-        cues = query_cues(self.resolver, query, store.messages(query.memory_key))
+        cues = query_cues(self.resolver or resolver_for(store), query, store.messages(query.memory_key))
         if not cues:
             return NON_TEMPORAL
         windows = sorted({c.window.widen(self.pad) for c in cues})
         return WindowPrediction(temporal=True, windows=tuple(windows))
 
     def cues(self, queries: Sequence[Query], memories: Sequence[Memory]) -> list[tuple[TimeCue, ...]]:
-        return [query_cues(self.resolver, q, m) for q, m in zip(queries, memories)]
+        resolver = self.resolver or shared_resolver()  # a dataset's memories
+        return [query_cues(resolver, q, m) for q, m in zip(queries, memories)]

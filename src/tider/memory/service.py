@@ -6,7 +6,8 @@ GET  /memories                     {"memories": [...]}
 POST /memories/{name}/messages     {"messages": [...]}                 -> {"ids": [...]}
 POST /memories/{name}/search       {"text", "asked_at", "user", "k", "windows"}
                                    -> {"hits": [{"id", "text", "timestamp", "speaker", "score"}],
-                                       "prediction": {"temporal", "windows": [{"start", "end"}]}}
+                                       "prediction": {"temporal", "windows": [{"start", "end"}]},
+                                       "window_source": "rules" | "none (locator failed: ...)"}
 GET  /openapi.json, /docs          the schema, generated from the models below
 ```
 
@@ -17,20 +18,33 @@ found through all). When ``TIDER_API_KEY`` is set, every request needs ``Authori
 Bearer <key>`` (else 401), except ``/health``, which a load balancer probes without one
 and which says only whether the store is reachable, and the schema and docs pages.
 Bad input is a 422 that names the field (pydantic's ``loc``, or the memory's own
-``MemoryInputError``), an unknown memory a 404, a body over ``max_body_bytes`` a 413, a
-database that does not answer within its bound a 503 saying so; none is a 500. Adds to one
-memory are serialized (``TemporalMemory``'s write lock, or the database's row lock);
-searches run concurrently in the server's thread pool, on pooled connections.
+``MemoryInputError``), an unknown memory a 404, a body over ``max_body_bytes`` a 413. A
+store that cannot serve (``StoreError``: a database that does not answer within its bound,
+its pool exhausted, a directory store open in another process) is a 503 saying so; a
+database down when the service starts is opened at the first request it answers (503s and
+an unhealthy ``/health`` until then). A window source that fails (``windows="locator"``
+with the served model unreachable, erroring or writing what does not parse) does not fail
+the search, nor vanish: the search runs without windows, the response's
+``window_source`` says ``"none (locator failed: <reason>)"`` and a warning is logged
+(without the question). None of these is a 500. Adds to one memory are serialized (the
+memory's write lock, or the database's row lock); searches run concurrently in the
+server's thread pool, on pooled connections.
+
+Questions are not written to disk: the time expressions of a search are resolved in a
+bounded in-process memo (``tider.locator.rules.resolver_for``); ``TIDER_CUE_CACHE=FILE``
+opts in to a persistent cache there (hashed keys, no question text).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import hmac
+import logging
 import os
 import re
 import threading
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi import Path as PathParam
@@ -42,7 +56,12 @@ from tider.memory.backends import open_backend
 from tider.memory.files import StoreError
 from tider.memory.pg.config import DatabaseUnavailable
 from tider.memory.records import MemoryInputError
-from tider.memory.temporal_memory import TemporalMemory
+from tider.types import NON_TEMPORAL, WindowPrediction
+
+if TYPE_CHECKING:
+    from tider.memory.base import MemoryBase
+
+logger = logging.getLogger(__name__)
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MAX_BODY_BYTES = 8 * 2**20
@@ -106,6 +125,10 @@ class PredictionOut(BaseModel):
 class SearchResponse(BaseModel):
     hits: list[Hit]
     prediction: PredictionOut
+    window_source: str = Field(
+        description='the source that made the windows ("none": none asked for); a source that failed: '
+        '"none (<source> failed: <reason>)", the search then ran without windows'
+    )
 
 
 class BodyLimit:
@@ -140,6 +163,80 @@ def _input_error(err: MemoryInputError) -> HTTPException:
     )
 
 
+class LazyBackend:
+    """The backend of ``store``; a database that does not answer at start is opened by
+    the first request after it does (until then each request is a 503 saying why)."""
+
+    def __init__(self, store: str | os.PathLike, postgres=None):
+        self.store, self.postgres = store, postgres
+        self._backend = None
+        self._lock = threading.Lock()
+        try:
+            self.get()
+        except DatabaseUnavailable as err:
+            logger.warning("%s; the service answers 503 until it is", err)
+
+    def get(self):
+        with self._lock:
+            if self._backend is None:
+                self._backend = open_backend(self.store, self.postgres)
+            return self._backend
+
+    def reachable(self) -> bool:
+        try:
+            return self.get().reachable()
+        except DatabaseUnavailable:
+            return False
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+
+
+class ReportedWindows:
+    """One search's window source ``name``, run so that its failure shows. A source that
+    cannot be built or cannot answer (anything but bad input, ``MemoryInputError``, or the
+    store failing, ``StoreError``) gives no windows, and ``label`` says why; a model-backed
+    source (``ChatWindowSource``: ``locator``, ``prompted``) that answered nothing usable
+    (``request_failed``, an unparsable completion) likewise, where the source itself falls
+    back silently. A model-backed source runs as this request's shallow copy, so the
+    outcome read back is this request's, and resolves the question's time expressions
+    in memory (``resolver_for``), not in the on-disk cache of the dataset paths."""
+
+    def __init__(self, name: str, memory_name: str):
+        self.name, self.memory_name, self.label = name, memory_name, name
+
+    def predict(self, query, store) -> WindowPrediction:
+        from tider.locator.rules import resolver_for, shared_resolver
+
+        try:
+            source = store.source(self.name)
+            if hasattr(source, "last_outcomes"):
+                source = copy.copy(source)
+                if getattr(source, "resolver", None) is shared_resolver():  # the default: not for a memory
+                    source.resolver = resolver_for(store)
+            prediction = source.predict(query, store)
+        except (MemoryInputError, StoreError):
+            raise
+        except Exception as err:  # the served model down, a library error, a bad export
+            logger.debug("memory %r: window source %r raised", self.memory_name, self.name, exc_info=True)
+            return self._failed(f"{type(err).__name__}: {err}")
+        outcomes = getattr(source, "last_outcomes", None) or ()
+        failed = next((o for o in outcomes if o.failure), None)
+        if failed is not None:
+            detail = failed.detail or ""
+            return self._failed(detail if detail.startswith(failed.failure) else f"{failed.failure}: {detail}")
+        return prediction
+
+    def _failed(self, reason: str) -> WindowPrediction:
+        reason = " ".join(reason.split())[:300].rstrip(": ") or "no reason given"
+        self.label = f"none ({self.name} failed: {reason})"
+        logger.warning(
+            "memory %r: window source %r failed, searched without windows: %s", self.memory_name, self.name, reason
+        )
+        return NON_TEMPORAL
+
+
 def create_app(
     store: str | os.PathLike,
     *,
@@ -152,17 +249,18 @@ def create_app(
 ) -> FastAPI:
     """The service over the memories in ``store`` (a directory, or a PostgreSQL URL);
     ``api_key`` defaults to ``$TIDER_API_KEY``."""
-    backend = open_backend(store, postgres)
+    backend = LazyBackend(store, postgres)
     key = api_key if api_key is not None else os.environ.get("TIDER_API_KEY") or None
-    memories: dict[str, TemporalMemory] = {}
+    memories: dict[str, MemoryBase] = {}
     opening = threading.Lock()
 
-    def memory(name: str, create: bool) -> TemporalMemory:
+    def memory(name: str, create: bool) -> MemoryBase:
         with opening:
             if name not in memories:
-                if not create and not backend.exists(name):
+                opened = backend.get()
+                if not create and not opened.exists(name):
                     raise HTTPException(404, f"no memory {name!r}")
-                memories[name] = backend.open(name, config=config, embedder=embedder, locator=locator)
+                memories[name] = opened.open(name, config=config, embedder=embedder, locator=locator)
             return memories[name]
 
     @contextlib.asynccontextmanager
@@ -175,7 +273,7 @@ def create_app(
     app = FastAPI(title="tider memory", version="1", description=__doc__.split("\n\n")[0], lifespan=lifespan)
     app.state.memories = memories
     app.add_middleware(BodyLimit, limit=max_body_bytes)
-    app.add_exception_handler(DatabaseUnavailable, _unavailable)
+    app.add_exception_handler(StoreError, _unavailable)  # DatabaseUnavailable is one
 
     @app.get("/health")
     def health() -> JSONResponse:
@@ -189,8 +287,10 @@ def create_app(
     return app
 
 
-async def _unavailable(request: Request, err: DatabaseUnavailable) -> JSONResponse:
-    return JSONResponse({"detail": str(err)}, 503)
+async def _unavailable(request: Request, err: StoreError) -> JSONResponse:
+    """The store cannot serve the request now (``StoreError``, ``DatabaseUnavailable``): 503."""
+    logger.warning("%s %s: 503: %s", request.method, request.url.path, err)
+    return JSONResponse({"detail": str(err)}, 503, headers={"Retry-After": "1"})
 
 
 def _authorizer(key: str | None):
@@ -209,7 +309,7 @@ def _add_routes(app: APIRouter, backend, memory) -> None:
 
     @app.get("/memories")
     def names() -> dict:
-        return {"memories": backend.names()}
+        return {"memories": backend.get().names()}
 
     @app.post("/memories/{name}/messages", response_model=AddResponse)
     def add(body: AddRequest, name: str = name_param) -> AddResponse:
@@ -219,16 +319,13 @@ def _add_routes(app: APIRouter, backend, memory) -> None:
             )
         except MemoryInputError as err:
             raise _input_error(err) from None
-        except DatabaseUnavailable:
-            raise
-        except StoreError as err:
-            raise HTTPException(409, str(err)) from None
 
     @app.post("/memories/{name}/search", response_model=SearchResponse)
     def search(body: SearchRequest, name: str = name_param) -> SearchResponse:
         mem = memory(name, create=False)
+        windows = body.windows if body.windows == "none" else ReportedWindows(body.windows, name)
         try:
-            hits = mem.search(body.text, asked_at=body.asked_at, user=body.user, k=body.k, windows=body.windows)
+            hits = mem.search(body.text, asked_at=body.asked_at, user=body.user, k=body.k, windows=windows)
         except MemoryInputError as err:
             raise _input_error(err) from None
         g = mem.granularity
@@ -239,6 +336,7 @@ def _add_routes(app: APIRouter, backend, memory) -> None:
                 for m, s in zip(hits.messages, hits.scores)
             ],
             prediction=PredictionOut(**prediction),
+            window_source=body.windows if isinstance(windows, str) else windows.label,
         )
 
 
