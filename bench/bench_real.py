@@ -32,7 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import ROOT, hardware, matmul_ms, paired_bootstrap_ci, recipe_args
+import numpy as np
+from benchlib import ROOT, HeldOut, grpo_minus_sft, hardware, matmul_ms
 
 SHARED = ROOT.parent / "shared" / "data"
 BASELINES = ("none", "rules", "top-day", "top-days", "dbscan-tuned", "timeline")
@@ -52,103 +53,56 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
-def overrides(args, stage: str, model: str, out: Path) -> list[str]:
-    extra = args.sft_args if stage == "sft" else args.grpo_args
+def stages(args, out: Path) -> list:
+    """The benchmark's pipeline: the tiny-real recipes on the real data, in this process."""
+    from tider.eval.compare import CompareConfig
+    from tider.pipeline import Compare, Export, RecipeData, Train
+    from tider.train.data import fixed_split
+    from tider.train.examples import split_queries
+
+    def train(kind: str, start: str, extra: str) -> Train:
+        data = ["--dataset_path", f"{args.locomo},{args.realmem}", "--report_to", "none", "--save_strategy", "no"]
+        return Train(kind, ROOT / f"configs/{kind}/tiny-real.yaml", out / kind, start, [*data, *extra.split()])
+
+    sft, grpo = train("sft", args.start, args.sft_args), train("grpo", str(out / "sft"), args.grpo_args)
+    g_args, g_train, _ = grpo.parse()
+
+    def split(run) -> list:
+        return split_queries(run.dataset, g_args.split_seed, **fixed_split(g_args))[args.split]
+
+    def scored(run) -> list:
+        return [q for q in split(run) if q.gold.evidence_ids and str(q.category) != "5"]
+
+    names, weights = list(g_args.reward_funcs), [float(w) for w in g_train.reward_weights]
+    labelled = [("sft", sft.folder), ("grpo", grpo.folder)]
+    baselines = tuple(b for b in args.baselines.split(",") if b)
     return [
-        "--model_name_or_path",
-        model,
-        "--output_dir",
-        str(out / stage),
-        "--dataset_path",
-        f"{args.locomo},{args.realmem}",
-        "--report_to",
-        "none",
-        "--save_strategy",
-        "no",
-        *extra.split(),
+        RecipeData(sft),
+        sft,
+        grpo,
+        HeldOut(scored, labelled, names, weights, args.held_out_samples, g_train.temperature),
+        Export("float32"),
+        Compare(
+            CompareConfig(baselines=baselines),
+            memory_keys=lambda run: sorted({q.memory_key for q in split(run)}),
+            progress=False,
+        ),
     ]
 
 
-def train(args, out: Path, timings: dict):
-    """SFT then GRPO, each skipped when its checkpoint exists; returns the GRPO recipe's arguments."""
-    from tider.memory.collection import MemoryCollection
-    from tider.train.data import load_training_dataset
-    from tider.train.grpo import run_grpo
-    from tider.train.sft import run_sft
-
-    s_args, s_train, s_model = recipe_args("sft/tiny-real", overrides(args, "sft", args.start, out))
-    t0 = time.time()
-    dataset = load_training_dataset(s_args)
-    store = MemoryCollection(dataset.memories)
-    timings["data_s"] = time.time() - t0
-    if not (out / "sft" / "tider_locator.json").exists():
-        t0 = time.time()
-        run_sft(s_args, s_train, s_model, dataset=dataset, store=store)
-        record(out, timings, "sft_s", time.time() - t0)
-    g = recipe_args("grpo/tiny-real", overrides(args, "grpo", str(out / "sft"), out))
-    if not (out / "grpo" / "tider_locator.json").exists():
-        t0 = time.time()
-        run_grpo(*g, dataset=dataset, store=store)
-        record(out, timings, "grpo_s", time.time() - t0)
-    return g, dataset, store
-
-
-def record(out: Path, timings: dict, stage: str, seconds: float) -> None:
-    """A finished stage's time, kept in DIR/timings.json so that a resumed run reports the
-    time of the run that did the work, not the skip."""
-    timings[stage] = seconds
-    (out / "timings.json").write_text(json.dumps(timings, indent=1))
-
-
-def held_out(args, out: Path, grpo, dataset, store, queries) -> dict:
-    """Composite reward of SFT and GRPO on ``queries``, greedy and sampled, with the paired
-    bootstrap of GRPO - SFT."""
-    from benchlib import held_out_rewards, sampled_rewards
-
-    g_args, g_train, _ = grpo
-    names, weights = list(g_args.reward_funcs), [float(w) for w in g_train.reward_weights]
-    result = {}
-    greedy = {
-        stage: held_out_rewards(out / stage, queries, dataset, store, names, weights)[0] for stage in ("sft", "grpo")
-    }
-    diffs = [b["composite"] - a["composite"] for a, b in zip(greedy["sft"], greedy["grpo"])]
-    result["greedy"] = {
-        **{stage: sum(r["composite"] for r in rows) / len(rows) for stage, rows in greedy.items()},
-        "grpo_minus_sft": paired_bootstrap_ci(diffs),
-    }
-    if args.held_out_samples:
-        sampled = {
-            stage: sampled_rewards(
-                out / stage, queries, dataset, store, names, weights, args.held_out_samples, g_train.temperature
-            )
-            for stage in ("sft", "grpo")
-        }
+def composite(held_out: dict) -> dict:
+    """Composite reward of SFT and GRPO, greedy and sampled, with the paired bootstrap of GRPO - SFT."""
+    rows, names = held_out["rows"], held_out["names"]
+    greedy = {s: sum(r["composite"] for r in rs) / len(rs) for s, rs in rows.items()}
+    result = {"greedy": {**greedy, "grpo_minus_sft": grpo_minus_sft(rows)}}
+    if "sampled/composite" in rows["sft"][0]:
+        mean = lambda stage, key: float(np.mean([r[key] for r in rows[stage]]))
         result["sampled"] = {
-            **{stage: float(r["composite"].mean()) for stage, r in sampled.items()},
-            **{f"{stage}/{name}": float(sampled[stage][name].mean()) for stage in sampled for name in names},
-            "grpo_minus_sft": paired_bootstrap_ci(sampled["grpo"]["composite"] - sampled["sft"]["composite"]),
+            **{s: mean(s, "sampled/composite") for s in rows},
+            **{f"{s}/{n}": mean(s, f"sampled/{n}") for s in rows for n in names},
+            "grpo_minus_sft": grpo_minus_sft(rows, "sampled/composite"),
         }
     return result
-
-
-def export(out: Path) -> None:
-    from tider.cli import main as cli
-
-    if not (out / "export" / "tider_locator.json").exists():
-        code = cli(["export", "--checkpoint", str(out / "grpo"), "--out", str(out / "export"), "--dtype", "float32"])
-        if code != 0:
-            raise SystemExit(f"tider export failed ({code}); see {out / 'export'}")
-
-
-def compare(args, out: Path, dataset, memory_keys) -> dict:
-    from tider.eval.compare import CompareConfig, run_compare
-
-    config = CompareConfig(
-        baselines=tuple(b for b in args.baselines.split(",") if b),
-        source_options={"locator": {"model": str(out / "export")}},
-        memory_keys=memory_keys,
-    )
-    return run_compare(dataset, config, out / "compare", progress=False)
 
 
 def summary(comparison: dict) -> dict:
@@ -169,40 +123,31 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
+    from tider import pipeline
+
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     os.environ.setdefault("WANDB_MODE", "disabled")
     # As tider.train.grpo.prepare_vllm_colocate_on_cpu: GRPO's colocated vLLM engine runs in
     # this process and cannot start once numba is loaded; with it hidden, bm25s uses numpy.
     sys.modules.setdefault("numba", None)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    # A skipped stage keeps the time of the run that did the work (DIR/timings.json).
     timings = json.loads((out / "timings.json").read_text()) if (out / "timings.json").exists() else {}
     t_start = time.time()
-    grpo, dataset, store = train(args, out, timings)
-    from tider.train.data import fixed_split
-    from tider.train.examples import split_queries
-
-    splits = split_queries(dataset, grpo[0].split_seed, **fixed_split(grpo[0]))
-    queries = [q for q in splits[args.split] if q.gold.evidence_ids and str(q.category) != "5"]
-    t0 = time.time()
-    composite = held_out(args, out, grpo, dataset, store, queries)
-    timings["held_out_s"] = time.time() - t0
-    t0 = time.time()
-    export(out)
-    timings["export_s"] = time.time() - t0
-    t0 = time.time()
-    comparison = compare(args, out, dataset, sorted({q.memory_key for q in splits[args.split]}))
-    timings["compare_s"] = time.time() - t0
+    run = pipeline.run(stages(args, out), out)
+    timings.update({f"{k}_s": v for k, v in run.times.items() if k not in run.skipped})
+    comparison = run.results["compare"]
     (out / "compare.json").write_text(json.dumps(comparison, indent=2))
     (out / "compare.md").write_text((out / "compare" / "compare.md").read_text())
     timings["this_run_s"] = time.time() - t_start
     timings["total_s"] = sum(v for k, v in timings.items() if k not in ("total_s", "this_run_s"))
+    (out / "timings.json").write_text(json.dumps(timings, indent=1))
     results = {
         "hardware": hardware(),
         "float32_matmul_ms": matmul_ms(),
         "split": args.split,
         "argv": sys.argv[1:],
-        "composite": composite,
+        "composite": composite(run.results["held_out"]),
         "summary": summary(comparison),
         "timings_s": timings,
     }

@@ -1,6 +1,7 @@
 """What the bench scripts share: the learning benchmark's data and prompt designs, recipe
-parsing, reward scoring of a checkpoint's completions, the paired bootstrap behind the
-README's intervals, and the machine's description.
+parsing, reward scoring of a checkpoint's completions (and ``HeldOut``, the stage of
+``tider.pipeline`` the learning benchmarks add), the paired bootstrap behind the README's
+intervals, and the machine's description.
 
 Bench scripts run as ``python bench/X.py`` from the repository root, so ``bench/`` is on
 ``sys.path`` and they ``import benchlib``; tests/test_benchlib.py tests it. Heavy imports
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -179,3 +182,39 @@ def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, wei
         row["composite"] = float(sum(w * scores[k][i] for k, w in zip(reward_names, weights)))
         rows.append(row)
     return rows, texts
+
+
+@dataclass
+class HeldOut:
+    """A ``tider.pipeline`` stage: held-out composite reward of each trained stage (``stages``:
+    label, folder) on the queries ``queries(run)`` picks, greedy and, with ``samples``, of the
+    sampled policy (that many completions a query at ``temperature``: the expected reward
+    GRPO maximizes; serving decodes greedily). Result: ``{"queries", "names", "rows", "texts"}``,
+    rows and texts by label; a row's ``sampled/*`` are its sampled means."""
+
+    queries: Callable
+    stages: Sequence[tuple[str, Path]]
+    names: Sequence[str]  # the GRPO recipe's rewards
+    weights: Sequence[float]  # and its reward_weights: the composite
+    samples: int
+    temperature: float
+    name: str = "held_out"
+    title = "held-out composite reward"
+
+    def __call__(self, run) -> None:
+        queries = self.queries(run)
+        data, store, names, weights = run.dataset, run.store, self.names, self.weights
+        rows, texts = {}, {}
+        for label, folder in self.stages:
+            rows[label], texts[label] = held_out_rewards(folder, queries, data, store, names, weights)
+            if self.samples:
+                means = sampled_rewards(folder, queries, data, store, names, weights, self.samples, self.temperature)
+                for i, row in enumerate(rows[label]):
+                    row.update({f"sampled/{k}": float(v[i]) for k, v in means.items()})
+        run.results[self.name] = {"queries": queries, "names": list(names), "rows": rows, "texts": texts}
+
+
+def grpo_minus_sft(rows: dict, key: str = "composite") -> dict | None:
+    """The paired bootstrap of GRPO - SFT on the rows' ``key`` (None without a GRPO stage)."""
+    diffs = [g[key] - s[key] for g, s in zip(rows.get("grpo", ()), rows["sft"]) if key in s]
+    return paired_bootstrap_ci(diffs) if diffs else None

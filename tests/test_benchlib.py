@@ -4,6 +4,7 @@ README's intervals, and the benchmark designs as recipe overrides."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Bench scripts run with bench/ on sys.path; here the module is loaded from its file.
 _SPEC = importlib.util.spec_from_file_location("benchlib", ROOT / "bench" / "benchlib.py")
 benchlib = importlib.util.module_from_spec(_SPEC)
+sys.modules.setdefault("benchlib", benchlib)  # its dataclasses resolve their module there
 _SPEC.loader.exec_module(benchlib)
 
 
@@ -57,3 +59,10 @@ def test_every_design_is_a_valid_recipe_override(design):
     assert script.synthetic_train_conversations == (
         benchlib.BENCHMARK_DATA.train_conversations if benchlib.DESIGNS[design]["fresh"] else 0
     )
+
+
+def test_grpo_minus_sft_pairs_the_rows_of_each_query():
+    rows = {"sft": [{"composite": 0.5}, {"composite": 0.25}], "grpo": [{"composite": 0.75}, {"composite": 0.5}]}
+    assert benchlib.grpo_minus_sft(rows) == benchlib.paired_bootstrap_ci([0.25, 0.25])
+    assert benchlib.grpo_minus_sft({"sft": rows["sft"]}) is None  # --sft-only: no GRPO stage
+    assert benchlib.grpo_minus_sft(rows, "sampled/composite") is None  # greedy only

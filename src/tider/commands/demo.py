@@ -16,12 +16,10 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from tider import resources
+from tider.pipeline import on_cpu
 
 DEMO_KS = (5, 10, 20, 50)
 
@@ -72,16 +70,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run, passthrough=True)
 
 
-def _banner(step: str, text: str) -> float:
-    print(f"\n=== [{step}] {text}", flush=True)
-    return time.monotonic()
-
-
-def _done(t0: float, times: dict, name: str) -> None:
-    times[name] = round(time.monotonic() - t0, 1)
-    print(f"--- {name}: {times[name]} s", flush=True)
-
-
 def _sft_start(recipe: dict, out: Path, from_scratch: bool) -> str | None:
     """Where SFT starts: the recipe's own model (a shipped one, e.g. models/tiny-locator-v3,
     made absolute so the demo runs from any directory, or a Hub id), unless a tiny recipe is
@@ -95,49 +83,90 @@ def _sft_start(recipe: dict, out: Path, from_scratch: bool) -> str | None:
     return None
 
 
-def _train(stage: str, recipe: Path, out: Path, model: str | None, data_args: list[str], steps, extra) -> None:
-    argv = [sys.executable, "-m", "tider.cli", stage, "--config", str(recipe), "--output_dir", str(out), *data_args]
-    if model:
-        argv += ["--model_name_or_path", model]
-    if steps is not None:
-        argv += ["--max_steps", str(steps)]
-    argv += list(extra)
-    print("$", " ".join(argv[2:]), flush=True)
-    # The caller's directory, as for the demo's own stages: every path handed over is absolute,
-    # and an installed package has no checkout to run in.
-    subprocess.run(argv, check=True)
-
-
-def _trained(folder: Path) -> bool:
-    from tider.locator.contract import METADATA_FILE
-
-    return (folder / METADATA_FILE).exists() and any(folder.glob("*.safetensors"))
-
-
 def run(args) -> int:
-    import yaml
-
+    from tider import pipeline
     from tider.train.output import quiet_libraries
 
     quiet_libraries()  # model-loading bars and library INFO stay out of the demo's own output
-    extra = list(getattr(args, "extra", []) or [])
     out = Path(args.out).resolve()
     if args.fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_MODE", "offline")
+    done = pipeline.run(_stages(args, out), out)
+    _report(done.results["compare"], out, done.times)
+    return 0
+
+
+def _stages(args, out: Path) -> list:
+    """The demo's pipeline: its dataset, the named recipes and the comparison's options."""
+    import yaml
+
+    from tider.eval.compare import CompareConfig
+    from tider.pipeline import Compare, Data, Export, Indexes, Serve, Train
+    from tider.retrieval.config import RetrievalConfig
+
     sft_recipe, grpo_recipe = _recipes(args.recipe)
     sft_start = _sft_start(yaml.safe_load(sft_recipe.read_text()), out, args.from_scratch)
-    times: dict[str, float] = {}
-    dataset, data_path = _stage_data(args, out, times)
-    data_args = ["--dataset_name", args.dataset] + (["--dataset_path", data_path] if data_path else [])
-    _stage_indexes(dataset, times)
-    grpo_dir = _stage_training(args, (sft_recipe, grpo_recipe), sft_start, out, data_args, extra, times)
-    export_dir, dtype = _stage_export(args, grpo_dir, out, times)
-    # 6-7. Serve with vLLM and compare on held-out conversations.
-    comparison = _serve_and_compare(args, dataset, data_path, export_dir, out, dtype, times)
-    _report(comparison, out, times)
-    return 0
+    data = Data(args.dataset, args.path)
+    if args.dataset == "synthetic" and args.path is None:
+        data = Data(args.dataset, str(out / "data"), (args.synthetic_messages, args.synthetic_conversations))
+    data_args = ["--dataset_name", args.dataset] + (["--dataset_path", data.path] if data.path else [])
+    extra = list(getattr(args, "extra", []) or [])  # unknown arguments go to both recipes
+
+    def train(kind, recipe, start, steps):
+        steps_args = ["--max_steps", str(steps)] if steps is not None else []
+        return Train(kind, recipe, out / kind, start, [*data_args, *steps_args, *extra], fresh_process=True)
+
+    compare = CompareConfig(
+        baselines=[b for b in args.baselines.split(",") if b],
+        limit=args.limit,
+        retrieval=RetrievalConfig(),
+        ks=DEMO_KS,
+        mcnemar_k=20,
+    )
+    return [
+        data,
+        Indexes(),
+        train("sft", sft_recipe, sft_start, args.sft_steps),
+        train("grpo", grpo_recipe, str(out / "sft"), args.grpo_steps),
+        Export(args.export_dtype),
+        Serve(None if args.no_serve else _vllm(args.port)),
+        # overwrite: the locator behind the URL may be a new model (or the port a new one).
+        Compare(
+            compare, memory_keys=_split_keys(args.split), overwrite=True, title=f"compare on the {args.split} split"
+        ),
+    ]
+
+
+def _vllm(port: int | None):
+    """``tider serve``'s vLLM server for an export (``port`` None: a free one)."""
+
+    def server(model: Path, dtype: str, log: Path):
+        from tider.commands import serve
+
+        parser = argparse.ArgumentParser()
+        serve.register(parser.add_subparsers())
+        # Eager on CPU: vLLM's compile warm-up costs ~100 s there and buys a tiny model nothing.
+        eager = ["--enforce-eager"] if on_cpu() else []
+        argv = ["serve", "--model", str(model), "--dtype", dtype, *eager, "--max-model-len", "4096", "--log", str(log)]
+        serve_args = parser.parse_args(argv)
+        serve_args.port = port
+        return serve.make_server(serve_args)
+
+    return server
+
+
+def _split_keys(split: str):
+    """The memories of ``split`` as the locator's training split them (its export's seed)."""
+
+    def keys(run):
+        from tider.locator.contract import LocatorMetadata
+        from tider.train.examples import memory_keys_of
+
+        return memory_keys_of(run.dataset.memories, split, seed=LocatorMetadata.read(run.model).split_seed or 0)
+
+    return keys
 
 
 def _recipes(name: str) -> tuple[Path, Path]:
@@ -148,78 +177,6 @@ def _recipes(name: str) -> tuple[Path, Path]:
             known = sorted(p.stem for p in resources.path("configs/sft").glob("*.yaml"))
             raise SystemExit(f"recipe {name!r}: {recipe} not found; known recipes: {', '.join(known)}")
     return sft_recipe, grpo_recipe
-
-
-def _stage_data(args, out: Path, times: dict):
-    """1. Benchmark: the synthetic one is written to disk so training and evaluation read the
-    same file. Returns ``(dataset, data_path)``."""
-    from tider.data import load_dataset
-
-    t0 = _banner("1/7", f"dataset: {args.dataset}")
-    data_path = args.path
-    if args.dataset == "synthetic" and args.path is None:
-        data_path = str(out / "data")
-        if not (out / "data").exists():
-            from tider.data.synth import generate, write
-
-            write(generate(args.synthetic_messages, seed=0, n_conversations=args.synthetic_conversations), data_path)
-    dataset = load_dataset(args.dataset, data_path)
-    n_msgs = sum(len(m) for m in dataset.memories.values())
-    print(f"{dataset.name}: {len(dataset.memories)} memories, {n_msgs} messages, {len(dataset.queries)} queries")
-    _done(t0, times, "data")
-    return dataset, data_path
-
-
-def _stage_indexes(dataset, times: dict) -> None:
-    """2. Timeline and indexes, query embeddings and time expressions (cached on disk;
-    training and evaluation reuse them)."""
-    t0 = _banner("2/7", "timeline + BM25/faiss indexes + time expressions")
-    from tider.locator.rules import prepare_cues, shared_resolver
-    from tider.memory import MemoryCollection
-
-    store = MemoryCollection(dataset.memories)
-    store.prepare(dataset.queries)
-    n_entries = sum(len(store.timeline(k)) for k in dataset.memories)
-    print(f"timeline: {n_entries} event clusters over {len(dataset.memories)} memories")
-    resolved = prepare_cues(shared_resolver(), dataset.queries, dataset.memories)
-    print(f"time expressions: {len(dataset.queries)} questions ({resolved} resolved now, the rest cached)")
-    _done(t0, times, "indexes")
-
-
-def _stage_training(args, recipes: tuple[Path, Path], sft_start, out: Path, data_args, extra, times: dict) -> Path:
-    """3-4. SFT from ``sft_start`` then GRPO (subprocesses: each trainer gets a clean process
-    and frees its memory). Returns the GRPO folder."""
-    sft_recipe, grpo_recipe = recipes
-    sft_dir, grpo_dir = out / "sft", out / "grpo"
-    t0 = _banner("3/7", f"SFT (configs/sft/{sft_recipe.name})")
-    if not _trained(sft_dir):
-        _train("sft", sft_recipe, sft_dir, sft_start, data_args, args.sft_steps, extra)
-    _done(t0, times, "sft")
-    t0 = _banner("4/7", f"GRPO (configs/grpo/{grpo_recipe.name})")
-    if not _trained(grpo_dir):
-        _train("grpo", grpo_recipe, grpo_dir, str(sft_dir), data_args, args.grpo_steps, extra)
-    _done(t0, times, "grpo")
-    return grpo_dir
-
-
-def _stage_export(args, grpo_dir: Path, out: Path, times: dict) -> tuple[Path, str]:
-    """5. Export (verified by reload: logits + greedy outputs). Returns ``(folder, dtype)``."""
-    t0 = _banner("5/7", "export")
-    from tider.train.export import export_locator
-
-    export_dir = out / "export"
-    dtype = args.export_dtype or ("float32" if _on_cpu() else "bfloat16")
-    if not (export_dir / "export_report.json").exists():
-        report = export_locator(grpo_dir, export_dir, dtype=dtype, overwrite=True)
-        if not report.greedy_identical:
-            raise SystemExit(f"export differs from the GRPO checkpoint: {report.greedy_mismatches[:1]}")
-    exported = json.loads((export_dir / "export_report.json").read_text())
-    print(
-        f"export: {exported['dtype']} ({exported['source_layout']}), "
-        f"max |logit diff| {exported['max_abs_logit_diff']}, greedy identical: {exported['greedy_identical']}"
-    )
-    _done(t0, times, "export")
-    return export_dir, dtype
 
 
 def _report(comparison: dict, out: Path, times: dict) -> None:
@@ -240,67 +197,3 @@ def _report(comparison: dict, out: Path, times: dict) -> None:
         f"report: {out / 'compare' / 'compare.md'}; plots: {out / 'compare'}/compare.png, "
         f"{out / 'compare' / 'retrieval'}/*.png"
     )
-
-
-def _on_cpu() -> bool:
-    import torch
-
-    return not torch.cuda.is_available()
-
-
-def _serve_and_compare(args, dataset, data_path, export_dir: Path, out: Path, dtype: str, times: dict) -> dict:
-    from contextlib import nullcontext
-
-    from tider.eval.compare import CompareConfig, run_compare
-    from tider.locator.contract import LocatorMetadata
-    from tider.retrieval.config import RetrievalConfig
-    from tider.train.examples import memory_keys_of
-
-    meta = LocatorMetadata.read(export_dir)
-    memory_keys = memory_keys_of(dataset.memories, args.split, seed=meta.split_seed or 0)
-    t0 = _banner("6/7", "serve the export with vLLM" if not args.no_serve else "locator via local transformers")
-    if args.no_serve:
-        server, options = nullcontext(), {"locator": {"model": str(export_dir)}}
-    else:
-        from tider.commands import serve
-
-        parser = argparse.ArgumentParser()
-        serve.register(parser.add_subparsers())
-        # Eager on CPU: vLLM's compile warm-up costs ~100 s there and buys a tiny model nothing.
-        eager = ["--enforce-eager"] if _on_cpu() else []
-        serve_args = parser.parse_args(
-            [
-                "serve",
-                "--model",
-                str(export_dir),
-                "--dtype",
-                dtype,
-                *eager,
-                "--max-model-len",
-                "4096",
-                "--log",
-                str(out / "vllm.log"),
-            ]
-        )
-        serve_args.port = args.port  # None: a free port
-        server = serve.make_server(serve_args)
-        options = None
-    with server:
-        if options is None:
-            print(f"vLLM serving {export_dir} at {server.base_url} (log {out / 'vllm.log'})")
-            options = {"locator": {"url": server.base_url}}
-        _done(t0, times, "serve")
-        t0 = _banner("7/7", f"compare on the {args.split} split")
-        config = CompareConfig(
-            baselines=[b for b in args.baselines.split(",") if b],
-            source_options=options,
-            memory_keys=memory_keys,
-            limit=args.limit,
-            retrieval=RetrievalConfig(),
-            ks=DEMO_KS,
-            mcnemar_k=20,
-        )
-        # overwrite: the locator behind the URL may be a new model (or the port a new one).
-        comparison = run_compare(dataset, config, out / "compare", data_path=data_path, overwrite=True)
-        _done(t0, times, "compare")
-    return comparison
