@@ -393,7 +393,7 @@ def test_update_then_delete_on_postgres(postgres):
     msgs[7]["text"] = "we booked the zeppelin tour for the offsite"
     url, config = postgres.database(), RetrievalConfig(semantic="bm25")
     mem = TemporalMemory(url, name="chat", config=config, embedder=HashVectors())
-    other = TemporalMemory(url, name="chat", config=config, embedder=HashVectors())  # another process's reads, its own copy
+    other = TemporalMemory(url, name="chat", config=config, embedder=HashVectors())  # another reader, own copy
     assert mem.get("m7") is None and mem.delete("m7") == [] and mem.delete_all() == []  # no memory yet
     mem.add(msgs)
     assert mem.get("m7").text == msgs[7]["text"] and mem.get("nope") is None
@@ -521,3 +521,22 @@ def test_a_managed_postgres_memory_answers_as_one_built_from_its_survivors(postg
             assert np.allclose(s1, s2, rtol=1e-5, atol=1e-6)
     check_tables(url, "managed")
     mem.close(), other.close(), fresh.close()
+
+
+def test_deletes_and_updates_with_the_hnsw_index(postgres):
+    """With the memory's HNSW index built, deleted rows leave the walk's answers (pgvector
+    skips dead tuples) and moved ones come back at their new positions."""
+    msgs, vecs = records(400)
+    url, config = postgres.database(), RetrievalConfig(hnsw_min_messages=0)
+    mem = TemporalMemory(url, name="graph", config=config, embedder=NoEmbedder())
+    mem.add(msgs, vectors=vecs)
+    assert not mem.search("budget", query_vector=vecs[5], exact=False, k=5).exact
+    gone = set(mem.delete([f"m{i}" for i in range(0, 400, 3)]))
+    moved = mem.update("m5", timestamp=T0 - timedelta(days=1))
+    assert moved.id == 0 and len(gone) == 134
+    for i in (5, 7, 11):
+        hits = mem.search("budget", query_vector=vecs[i], exact=False, k=20, semantic="dense")
+        assert not hits.exact and hits.ids[0] == f"m{i}" and not gone & set(hits.ids)
+        assert [m.id for m in hits.messages] == hits.positions
+    check_tables(url, "graph")
+    mem.close()
