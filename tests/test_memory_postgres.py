@@ -383,10 +383,30 @@ def check_tables(url: str, name: str) -> None:
         ).fetchone()
 
 
+def vacuumed_files(server, url: str) -> bytes:
+    """The bytes of tider's tables, their indexes and TOAST after ``VACUUM FULL`` and a
+    checkpoint: what a deleted text leaves on disk (manage's docstring)."""
+    import psycopg
+
+    tables = ("tider_messages", "tider_postings", "tider_terms", "tider_chunks", "tider_timeline")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"VACUUM FULL {', '.join(tables)}")
+        conn.execute("CHECKPOINT")
+        paths = conn.execute(
+            "SELECT pg_relation_filepath(c.oid) FROM pg_class c WHERE c.relname = ANY(%s) "
+            "OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = ANY(%s::regclass[])) "
+            "OR c.oid IN (SELECT reltoastrelid FROM pg_class WHERE relname = ANY(%s))",
+            (list(tables), list(tables), list(tables)),
+        ).fetchall()
+    files = [f for (p,) in paths if p for f in server.pgdata.glob(p + "*")]
+    assert len(files) >= len(tables)
+    return b"".join(f.read_bytes() for f in files)
+
+
 def test_update_then_delete_on_postgres(postgres):
     """add, get, update the text (search finds the new one, not the old), delete (neither
     search nor get finds it); another process's memory sees each change on its next read;
-    the deleted text is in no live row."""
+    the deleted text is in no row, and after VACUUM FULL in none of the tables' files."""
     import psycopg
 
     msgs, _ = records(40)
@@ -416,6 +436,8 @@ def test_update_then_delete_on_postgres(postgres):
     with pytest.raises(MessageNotFound):
         mem.update("nope", text="x")
 
+    on_disk = vacuumed_files(postgres, url)
+    assert b"kayak" in on_disk and b"zeppelin" not in on_disk  # the updated text's old version is gone too
     assert mem.delete(["m7", "not-there", "m7"]) == ["m7"] and len(mem) == 39
     for m in (mem, other):
         assert len(m) == 39 and m.get("m7") is None and "m7" not in m.search("kayak", k=39).ids
@@ -426,6 +448,7 @@ def test_update_then_delete_on_postgres(postgres):
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT count(*) FROM tider_messages WHERE text LIKE '%%kayak%%'").fetchone()[0] == 0
         assert conn.execute("SELECT count(*) FROM tider_terms WHERE term LIKE 'kayak%%'").fetchone()[0] == 0
+    assert b"kayak" not in vacuumed_files(postgres, url)
     left = [m.key for m in mem.messages()]
     assert mem.delete_all() == left and len(left) == 39
     assert len(mem) == 0 and len(other) == 0 and other.messages().messages == [] and mem.search("offsite").ids == []

@@ -362,7 +362,8 @@ class PostgresMemory(MemoryBase):
     def _delete(self, keys: Sequence[str] | None, start: datetime | None, end: datetime | None) -> list[str]:
         """One transaction (``tider.memory.pg.manage``): the rows, their postings and chunks
         are deleted, statistics, positions and timeline follow. The text leaves the disk
-        when PostgreSQL vacuums the dead rows (autovacuum; or ``VACUUM`` now)."""
+        after PostgreSQL vacuums the dead rows (autovacuum, or ``VACUUM``; ``VACUUM FULL``
+        to rewrite the files: ``tider.memory.pg.manage``)."""
         from tider.memory.pg.manage import commit_delete
 
         memory_id = self._memory_id()
