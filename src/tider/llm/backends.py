@@ -26,13 +26,21 @@ class StructuredOutputRejected(RuntimeError):
     """The server refused a structured-output request (we then retry as plain text)."""
 
 
-def api_key_from_env(api_key_env: str = "TIDER_API_KEY") -> str:
-    """The key in ``$api_key_env``, else ``$OPENAI_API_KEY``, else ``EMPTY`` (vLLM without a key)."""
-    return os.environ.get(api_key_env) or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+# The LLM provider's key: what OpenAI-compatible clients (the openai SDK, mem0) and vLLM
+# ``--api-key`` users set. ``TIDER_API_KEY`` is the memory service's bearer key, never sent
+# to a model server.
+LLM_API_KEY_ENV = "OPENAI_API_KEY"
+
+
+def api_key_from_env(api_key_env: str = LLM_API_KEY_ENV) -> str:
+    """The LLM provider key in ``$api_key_env`` (default ``$OPENAI_API_KEY``), else ``EMPTY``
+    (vLLM without a key). Only that variable is read: another one named (``--api-key-env``)
+    does not fall back to ``OPENAI_API_KEY``, so a key meant for one provider never goes to another."""
+    return os.environ.get(api_key_env) or "EMPTY"
 
 
 def served_models(
-    base_url: str, *, api_key: str | None = None, api_key_env: str = "TIDER_API_KEY", timeout: float = 30.0
+    base_url: str, *, api_key: str | None = None, api_key_env: str = LLM_API_KEY_ENV, timeout: float = 30.0
 ) -> list[dict]:
     """``/v1/models`` entries: ``id``, and for vLLM ``root`` (the folder or Hub id it serves)."""
     from openai import OpenAI
@@ -109,7 +117,7 @@ class OpenAIBackend:
         base_url: str,
         model: str,
         *,
-        api_key_env: str = "TIDER_API_KEY",
+        api_key_env: str = LLM_API_KEY_ENV,
         api_key: str | None = None,
         timeout: float = 120.0,
         structured: str = "response_format",
@@ -137,16 +145,23 @@ class OpenAIBackend:
             "structured": self.structured if self.structured_supported else "none",
         }
 
-    def generate(
+    def generate(self, messages: Messages, **kwargs) -> Completion:
+        return self.generate_samples(messages, n=1, **kwargs)[0]
+
+    def generate_samples(
         self,
         messages: Messages,
         *,
+        n: int,
         max_tokens: int,
         temperature: float,
         seed: int | None = None,
         json_schema: dict | None = None,
         schema_name: str = "output",
-    ) -> Completion:
+    ) -> list[Completion]:
+        """``n`` completions from one request (``n`` choices, in index order). vLLM gives
+        choice ``i`` of a seeded request the seed ``seed + i``. The request's token usage
+        is on the first completion."""
         import openai
 
         kwargs: dict = {
@@ -155,6 +170,8 @@ class OpenAIBackend:
             "max_tokens": max_tokens,
             "temperature": temperature,
         }
+        if n != 1:
+            kwargs["n"] = n
         if seed is not None:
             kwargs["seed"] = seed
         extra_body: dict = {}
@@ -178,14 +195,13 @@ class OpenAIBackend:
             # e.g. a hosted API without json_schema support: fall back to plain text.
             self.structured_supported = False
             raise StructuredOutputRejected(str(exc)[:300]) from exc
-        choice = response.choices[0] if response.choices else None
-        text = (choice.message.content or "") if choice is not None else ""
+        choices = sorted(response.choices or [], key=lambda c: c.index)
+        texts = [c.message.content or "" for c in choices] or [""]
         usage = response.usage
-        return Completion(
-            text=text,
-            prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
-            completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
-        )
+        out = [Completion(text) for text in texts]
+        out[0].prompt_tokens = getattr(usage, "prompt_tokens", 0) or 0
+        out[0].completion_tokens = getattr(usage, "completion_tokens", 0) or 0
+        return out
 
 
 class LocalHFBackend:
@@ -226,6 +242,9 @@ class LocalHFBackend:
     def generate(self, messages: Messages, **kwargs) -> Completion:
         return self.generate_batch([messages], **kwargs)[0]
 
+    def generate_samples(self, messages: Messages, *, n: int, **kwargs) -> list[Completion]:
+        return self.generate_batch([messages], n=n, **kwargs)
+
     def generate_batch(
         self,
         batch: Sequence[Messages],
@@ -235,9 +254,14 @@ class LocalHFBackend:
         seed: int | None = None,
         json_schema: dict | None = None,
         schema_name: str = "output",
+        n: int = 1,
     ) -> list[Completion]:
+        """Completions in input order; with ``n`` > 1, ``n`` sampled ones per prompt
+        (``num_return_sequences``), prompt by prompt, the prompt's tokens counted on its first."""
         import torch
 
+        if n > 1 and temperature <= 0:
+            raise TypeError(f"{n} samples need a temperature > 0")  # a caller's bug, not a fallback
         prompts = [
             self.tokenizer.apply_chat_template(
                 list(m), tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
@@ -246,8 +270,9 @@ class LocalHFBackend:
         ]
         out: list[Completion] = []
         with self._lock, torch.inference_mode():
-            for i in range(0, len(prompts), self.batch_size):
-                chunk = prompts[i : i + self.batch_size]
+            step = max(1, self.batch_size // n)  # batch_size sequences a generate() call
+            for i in range(0, len(prompts), step):
+                chunk = prompts[i : i + step]
                 enc = self.tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
                 if seed is not None:
                     torch.manual_seed(seed)
@@ -258,11 +283,15 @@ class LocalHFBackend:
                     if temperature > 0
                     else {"do_sample": False}
                 )
+                if n > 1:
+                    sampling["num_return_sequences"] = n
                 generated = self.hf_model.generate(
                     **enc, max_new_tokens=max_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling
                 )
                 new_tokens = generated[:, enc["input_ids"].shape[1] :]
-                for row, mask in zip(new_tokens, enc["attention_mask"]):
+                # generate() repeats each prompt n times in place: rows i*n .. i*n+n-1 are prompt i's.
+                masks = enc["attention_mask"].repeat_interleave(n, dim=0)
+                for r, (row, mask) in enumerate(zip(new_tokens, masks)):
                     ids = row.tolist()
                     n_new = len(ids)
                     if self.tokenizer.eos_token_id in ids:
@@ -270,7 +299,7 @@ class LocalHFBackend:
                     out.append(
                         Completion(
                             text=self.tokenizer.decode(ids[:n_new], skip_special_tokens=True),
-                            prompt_tokens=int(mask.sum()),
+                            prompt_tokens=int(mask.sum()) if r % n == 0 else 0,
                             completion_tokens=n_new,
                         )
                     )

@@ -5,7 +5,10 @@ evidence selector, relation classifier, reader, judge).
   and (when a schema is given) malformed JSON;
 - structured output via the backend, falling back to plain text + parsing when a server
   rejects it;
-- an on-disk cache keyed by model + messages + sampling settings + schema;
+- an on-disk cache keyed by model + messages + sampling settings + schema (and the number
+  of samples, for ``sample``: one request's ``n`` completions are one entry);
+- ``sample``/``sample_batch``: ``n`` completions of a prompt in ONE request (OpenAI-style
+  ``n``; ``num_return_sequences`` locally), reproducible from the request's one ``seed``;
 - token usage per stage (``usage_by_stage()``), cached calls counted separately;
 - a persistent failure becomes ``LLMResult.error``; the client never raises into the
   caller's loop.
@@ -23,7 +26,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from tider.llm.backends import Completion, StructuredOutputRejected
+from tider.llm.backends import LLM_API_KEY_ENV, Completion, StructuredOutputRejected
 from tider.llm.cache import LLMCache, cache_key
 from tider.llm.jsonout import parse_json_object
 
@@ -62,6 +65,7 @@ class StageUsage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     batch_fallbacks: int = 0  # batched local generations that failed and were redone one by one
+    samples: int = 0  # completions returned: ``calls`` for chat, ``calls * n`` for sample
 
 
 class LLMClient:
@@ -93,10 +97,11 @@ class LLMClient:
         with self._lock:
             return {stage: asdict(u) for stage, u in sorted(self._usage.items())}
 
-    def _account(self, stage: str, result: LLMResult) -> None:
+    def _account(self, stage: str, result: LLMResult, n: int = 1) -> None:
         with self._lock:
             u = self._usage.setdefault(stage, StageUsage())
             u.calls += 1
+            u.samples += n
             u.cached_calls += int(result.cached)
             u.errors += int(result.error is not None)
             u.attempts += result.attempts
@@ -188,6 +193,150 @@ class LLMClient:
             logger.debug("%s request failed", stage, exc_info=True)
             return LLMResult(text="", error=f"request_failed: {type(exc).__name__}: {str(exc)[:200]}")
 
+    # ------------------------------------------------------------- n samples
+    def sample(
+        self,
+        messages: Messages,
+        *,
+        stage: str,
+        n: int,
+        json_schema: dict | None = None,
+        max_tokens: int | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+        _first: list[Completion] | None = None,
+    ) -> list[LLMResult]:
+        """``n`` sampled completions of one prompt from ONE request (``n`` in the OpenAI API,
+        which vLLM serves: each sample draws from its own stream derived from ``seed``), as
+        ``n`` results. The request is retried on transport errors only: a seeded request
+        answers the same again, so a malformed sample is kept as that sample's typed error
+        (a vote counts it as no vote). The answered request is cached as one entry, keyed
+        with ``n``; its token usage rides on the first sample's result."""
+        if n < 1:
+            raise ValueError(f"sample: n must be >= 1, got {n}")
+        settings = {"max_tokens": max_tokens or self.default_max_tokens, "temperature": temperature, "seed": seed}
+        key = self._key(messages, {**settings, "json_schema": json_schema, "n": n})
+        results = self._samples_from_cache(key, n)
+        if results is None:
+            results = self._sample_with_retries(messages, settings, json_schema, stage, n, _first)
+            if results[0].answered and self.cache is not None:
+                self.cache.put(
+                    key,
+                    {
+                        "samples": [{"text": r.text, "parsed_json": r.parsed_json, "error": r.error} for r in results],
+                        "usage": results[0].usage,
+                    },
+                )
+        request = LLMResult(
+            text="",
+            usage=results[0].usage,
+            error=next((r.error for r in results if r.error), None),
+            cached=results[0].cached,
+            attempts=results[0].attempts,
+        )
+        self._account(stage, request, n)
+        return results
+
+    def _samples_from_cache(self, key: str, n: int) -> list[LLMResult] | None:
+        hit = self.cache.get(key) if self.cache is not None else None
+        if hit is None or len(hit.get("samples", ())) != n:
+            return None
+        zero = {"prompt_tokens": 0, "completion_tokens": 0}
+        return [
+            LLMResult(s["text"], s.get("parsed_json"), dict(hit["usage"] if i == 0 else zero), s.get("error"), True)
+            for i, s in enumerate(hit["samples"])
+        ]
+
+    def _sample_with_retries(self, messages, settings, json_schema, stage, n, first) -> list[LLMResult]:
+        failed = [LLMResult(text="", error="not_called")] * n
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff * (2 ** (attempt - 1)))
+            try:
+                if attempt == 0 and first is not None:
+                    completions = first
+                else:
+                    try:
+                        completions = self.backend.generate_samples(
+                            messages, n=n, json_schema=json_schema, schema_name=stage, **settings
+                        )
+                    except StructuredOutputRejected:  # the backend has switched to plain text
+                        completions = self.backend.generate_samples(
+                            messages, n=n, json_schema=json_schema, schema_name=stage, **settings
+                        )
+                if len(completions) != n:
+                    raise RuntimeError(f"asked for {n} samples, got {len(completions)}")
+            except Exception as exc:  # transport errors, timeouts, server 5xx: retried
+                logger.debug("%s sample request failed (attempt %d)", stage, attempt + 1, exc_info=True)
+                error = f"request_failed: {type(exc).__name__}: {str(exc)[:200]}"
+                failed = [LLMResult(text="", error=error, attempts=attempt + 1) for _ in range(n)]
+                continue
+            results = [self._finish(c, json_schema) for c in completions]
+            usage = {k: sum(r.usage[k] for r in results) for k in ("prompt_tokens", "completion_tokens")}
+            for i, r in enumerate(results):
+                r.usage = usage if i == 0 else {"prompt_tokens": 0, "completion_tokens": 0}
+                r.attempts = attempt + 1
+            return results
+        return failed
+
+    def sample_batch(
+        self,
+        batch: Sequence[Messages],
+        *,
+        stage: str,
+        n: int,
+        progress: bool = False,
+        json_schemas: Sequence[dict] | None = None,
+        json_schema: dict | None = None,
+        max_tokens: int | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[list[LLMResult]]:
+        """``sample`` over many prompts (one request each, ``n`` samples each), in input order.
+
+        A backend with ``generate_batch`` (local HF) gets the cache misses in one batched
+        call of ``n`` return sequences per prompt (redone one by one if it fails); remote
+        backends are called from the thread pool, ``json_schemas`` one per prompt."""
+        batch = list(batch)
+        settings = {"max_tokens": max_tokens or self.default_max_tokens, "temperature": temperature, "seed": seed}
+        if hasattr(self.backend, "generate_batch") and len(batch) > 1:
+            key = {**settings, "json_schema": json_schema, "n": n}
+            misses = [i for i, m in enumerate(batch) if self._samples_from_cache(self._key(m, key), n) is None]
+            firsts: dict[int, list[Completion]] = {}
+            if misses:
+                try:
+                    flat = self.backend.generate_batch(
+                        [batch[i] for i in misses], n=n, json_schema=json_schema, schema_name=stage, **settings
+                    )
+                    firsts = {i: flat[j * n : (j + 1) * n] for j, i in enumerate(misses)}
+                except (RuntimeError, ValueError) as exc:  # as in _chat_batch_local
+                    logger.warning(
+                        "%s: batched sampling of %d prompts failed (%s: %s); sampling one by one",
+                        stage,
+                        len(misses),
+                        type(exc).__name__,
+                        str(exc)[:200],
+                    )
+                    with self._lock:
+                        self._usage.setdefault(stage, StageUsage()).batch_fallbacks += 1
+            return [
+                self.sample(m, stage=stage, n=n, json_schema=json_schema, _first=firsts.get(i), **settings)
+                for i, m in enumerate(batch)
+            ]
+        bar = tqdm(total=len(batch), desc=stage, disable=not progress)
+        schemas = list(json_schemas) if json_schemas is not None else [json_schema] * len(batch)
+
+        def one(item):
+            messages, schema = item
+            results = self.sample(messages, stage=stage, n=n, json_schema=schema, **settings)
+            bar.update(1)
+            return results
+
+        with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
+            out = list(pool.map(one, zip(batch, schemas)))
+        bar.close()
+        return out
+
     def chat_batch(
         self,
         batch: Sequence[Messages],
@@ -261,7 +410,7 @@ def make_client(
     *,
     model: str | None = None,
     cache_path: str | None = None,
-    api_key_env: str = "TIDER_API_KEY",
+    api_key_env: str = LLM_API_KEY_ENV,
     structured: str = "response_format",
     chat_template_kwargs: dict | None = None,
     max_retries: int = 2,
@@ -269,7 +418,9 @@ def make_client(
     timeout: float = 120.0,
 ) -> LLMClient:
     """``spec`` is an OpenAI-compatible base URL (``http://host:port/v1``) or a local
-    checkpoint path. For a URL without ``model`` the server's first listed model is used."""
+    checkpoint path. For a URL without ``model`` the server's first listed model is used;
+    its key is read from ``$api_key_env`` (default ``$OPENAI_API_KEY``, never ``$TIDER_API_KEY``,
+    the memory service's bearer key)."""
     from tider.llm.backends import LocalHFBackend, OpenAIBackend, served_models
 
     if spec.startswith(("http://", "https://")):

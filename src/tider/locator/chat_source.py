@@ -20,8 +20,9 @@ takes the semantic-only path (``NON_TEMPORAL``), as a non-temporal prediction wo
 outcome keeps the prompt that was sent, so the leak validator checks what the model saw.
 
 The answer is greedy, or, when the locator's contract records a ``Decoding`` with several
-samples, a ``vote`` of that many seeded completions at the rollout temperature: the policy
-GRPO trains, whose spread over windows is the model's uncertainty.
+samples, a ``vote`` of that many completions at the rollout temperature: the policy GRPO
+trains, whose spread over windows is the model's uncertainty. The samples of a query come
+from one request (``n`` samples, one seed; ``LLMClient.sample_batch``), not one request each.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from tider.locator.contract import MAX_WINDOWS, NO_THINKING, OUTPUT_SCHEMA, Decoding
+from tider.locator.contract import MAX_WINDOWS, NO_THINKING, OUTPUT_SCHEMA, VOTE_SEED, Decoding
 from tider.locator.prompt import PromptSettings, locator_input
 from tider.locator.sources import BaseSource, register_source
 from tider.types import NON_TEMPORAL, Granularity, Query, WindowPrediction
@@ -110,8 +111,6 @@ def predict_batch(
     seed: int | None = None,
 ) -> list[LocatorOutcome]:
     """Send each ``LocatorInput`` to ``client`` and parse the answer against its table."""
-    from tider.locator.parse import parse_prediction
-
     # A served model gets each prompt's own schema: references bounded by its table. A local
     # one is checked against the generic schema.
     results = client.chat_batch(
@@ -125,23 +124,51 @@ def predict_batch(
         progress=progress,
     )
     spans = list(memory_spans) if memory_spans is not None else [None] * len(inputs)
-    outcomes = []
-    for result, table, span in zip(results, inputs, spans):
-        messages = table.messages
-        if result.error and result.error.startswith("request_failed"):
-            outcomes.append(LocatorOutcome(result.text, None, "request_failed", result.error, messages))
-            continue
-        parsed = parse_prediction(result.text, granularity=granularity, refs=table, memory_span=span)
-        outcomes.append(
-            LocatorOutcome(
-                result.text,
-                parsed.prediction,
-                parsed.failure.value if parsed.failure else None,
-                parsed.detail,
-                messages,
-            )
-        )
-    return outcomes
+    return [_outcome(result, table, span, granularity) for result, table, span in zip(results, inputs, spans)]
+
+
+def sample_batch(
+    client,
+    inputs: Sequence,
+    granularity: Granularity,
+    *,
+    samples: int,
+    temperature: float,
+    seed: int = VOTE_SEED,
+    memory_spans: Sequence | None = None,
+    max_tokens: int = LOCATOR_MAX_TOKENS,
+    progress: bool = False,
+) -> list[list[LocatorOutcome]]:
+    """``samples`` sampled answers per ``LocatorInput``, each input's from ONE request
+    (``n`` = ``samples``, one ``seed``), parsed against its table."""
+    results = client.sample_batch(
+        [i.messages for i in inputs],
+        stage="locator",
+        n=samples,
+        json_schema=OUTPUT_SCHEMA,
+        json_schemas=[i.schema() for i in inputs],
+        max_tokens=max_tokens,
+        temperature=temperature,
+        seed=seed,
+        progress=progress,
+    )
+    spans = list(memory_spans) if memory_spans is not None else [None] * len(inputs)
+    return [
+        [_outcome(result, table, span, granularity) for result in answers]
+        for answers, table, span in zip(results, inputs, spans)
+    ]
+
+
+def _outcome(result, table, span, granularity: Granularity) -> LocatorOutcome:
+    from tider.locator.parse import parse_prediction
+
+    messages = table.messages
+    if result.error and result.error.startswith("request_failed"):
+        return LocatorOutcome(result.text, None, "request_failed", result.error, messages)
+    parsed = parse_prediction(result.text, granularity=granularity, refs=table, memory_span=span)
+    return LocatorOutcome(
+        result.text, parsed.prediction, parsed.failure.value if parsed.failure else None, parsed.detail, messages
+    )
 
 
 class ChatWindowSource(BaseSource):
@@ -223,11 +250,10 @@ class ChatWindowSource(BaseSource):
             outcomes = predict_batch(self.client, inputs, granularity, **ask)
         else:
             d = self.decoding
-            rounds = [
-                predict_batch(self.client, inputs, granularity, temperature=d.temperature, seed=s, **ask)
-                for s in range(d.samples)
-            ]
-            outcomes = [vote(list(answers), d.min_votes) for answers in zip(*rounds)]
+            answers = sample_batch(
+                self.client, inputs, granularity, samples=d.samples, temperature=d.temperature, **ask
+            )
+            outcomes = [vote(a, d.min_votes) for a in answers]
         self.last_inputs, self.last_outcomes = inputs, outcomes
         for o in outcomes:
             if o.failure:

@@ -77,7 +77,11 @@ OUTPUT_SCHEMA: dict[str, Any] = output_schema(marks=True)
 class Decoding:
     """How the locator's answer is drawn: greedy (``samples`` 1), or a vote of ``samples``
     completions at ``temperature``: a window stays when at least ``min_votes`` of them name
-    it, and the answer is "no window" when none does."""
+    it, and the answer is "no window" when none does.
+
+    The vote's completions come from ONE request per query (``n`` = ``samples``, seed
+    ``VOTE_SEED``): vLLM draws sample ``i`` with seed ``VOTE_SEED + i``, so the vote is
+    reproducible, and the same samples as ``samples`` requests seeded 0, 1, ... would draw."""
 
     samples: int = 1
     temperature: float = 1.0
@@ -89,6 +93,8 @@ class Decoding:
         if self.samples > 1 and self.temperature <= 0:
             raise ValueError(f"decoding: {self.samples} samples need a temperature > 0")
 
+
+VOTE_SEED = 0  # the seed of a vote's one request (not recorded: every vote uses it)
 
 METADATA_FILE = "tider_locator.json"
 METADATA_FORMAT = 2  # 2: + timeline settings, embedding model and template
