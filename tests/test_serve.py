@@ -28,7 +28,8 @@ def _args(*argv):
 
 
 def test_command_line_for_cpu_venv(export_dir, monkeypatch):
-    monkeypatch.setenv("TIDER_API_KEY", "sekret")
+    monkeypatch.setenv("OPENAI_API_KEY", "sekret")  # the LLM key the locator's clients send
+    monkeypatch.setenv("TIDER_API_KEY", "memory-service-key")  # the memory service's: not vLLM's
     args = _args(
         "--model",
         str(export_dir),
@@ -46,7 +47,7 @@ def test_command_line_for_cpu_venv(export_dir, monkeypatch):
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     joined = " ".join(cmd)
     # the key reaches vLLM as VLLM_API_KEY in its environment, never in argv (visible in `ps`)
-    assert server.api_key == "sekret" and "sekret" not in joined
+    assert server.api_key == "sekret" and "sekret" not in joined and "memory-service-key" not in joined
     for flag in (
         "--host 127.0.0.1",
         "--served-model-name tider-locator",

@@ -84,7 +84,11 @@ def _add_pipeline_options(p) -> None:
 
 def _add_request_options(p) -> None:
     """How the LLM requests are made: credentials, JSON mode, retries, limits, sampling."""
-    p.add_argument("--api-key-env", default="TIDER_API_KEY", help="env var holding the API key (then OPENAI_API_KEY)")
+    p.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        help="env var holding the LLM provider's key (default OPENAI_API_KEY; TIDER_API_KEY is the memory service's)",
+    )
     p.add_argument(
         "--structured",
         default="response_format",

@@ -35,7 +35,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--api-key",
         default=None,
-        help="require this bearer key (default: $TIDER_API_KEY; prefer the env var, argv is visible in ps)",
+        help="require this bearer key (default: $OPENAI_API_KEY, the key the locator's clients send; "
+        "prefer the env var, argv is visible in ps)",
     )
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per replica (GPU builds)")
@@ -130,6 +131,7 @@ def model_source(model: str) -> str:
 
 
 def make_server(args):
+    from tider.llm.backends import LLM_API_KEY_ENV
     from tider.llm.vllm_server import VLLMServer
 
     class LocatorServer(VLLMServer):
@@ -151,7 +153,7 @@ def make_server(args):
         host=args.host,
         port=args.port,
         served_model_name=args.served_model_name,
-        api_key=args.api_key or os.environ.get("TIDER_API_KEY"),
+        api_key=args.api_key or os.environ.get(LLM_API_KEY_ENV),  # not TIDER_API_KEY: the memory service's
         max_model_len=args.max_model_len,
         python=args.vllm_python,
         extra_args=server_args(args),

@@ -70,10 +70,12 @@ class ReaderUnavailable(RuntimeError):
 
 
 def probe_reader(client, url: str, script_args) -> None:
+    from tider.llm.backends import LLM_API_KEY_ENV
     from tider.llm.vllm_server import wait_until_ready
 
     try:
-        waited = wait_until_ready(url, script_args.reader_wait_timeout, api_key=os.environ.get("TIDER_API_KEY"))
+        key = os.environ.get(LLM_API_KEY_ENV)  # the reader's provider key, as make_client sends it
+        waited = wait_until_ready(url, script_args.reader_wait_timeout, api_key=key)
     except TimeoutError as exc:
         raise ReaderUnavailable(f"answer_correct: the reader is not up: {exc}") from None
     result = client.chat([{"role": "user", "content": "Reply with OK."}], stage="reader_probe", max_tokens=4)
