@@ -563,3 +563,70 @@ def test_deletes_and_updates_with_the_hnsw_index(postgres):
         assert [m.id for m in hits.messages] == hits.positions
     check_tables(url, "graph")
     mem.close()
+
+
+def test_deletes_adds_and_searches_at_once(postgres):
+    """One thread adds out-of-order batches, one deletes (keys, time ranges), one searches,
+    each through its own memory object: the row lock serializes the writes, every search
+    reads one consistent snapshot, and what is left is what a fresh memory given the
+    survivors in their insertion order holds (tables, timeline, answers)."""
+    import random
+    import threading
+
+    import psycopg
+
+    msgs, vecs = records(1500, seed=9)
+    url = postgres.database()
+    opened = [TemporalMemory(url, name="busy", embedder=NoEmbedder()) for _ in range(3)]
+    opened[0].add(msgs[:300], vectors=vecs[:300])
+    errors, done = [], threading.Event()
+
+    def guarded(fn):
+        def run():
+            try:
+                fn()
+            except BaseException as err:  # noqa: BLE001 - reported by the main thread
+                errors.append(err)
+
+        return run
+
+    def adding():
+        order = np.random.default_rng(1).permutation(np.arange(300, 1500))
+        for batch in np.array_split(order, 15):
+            opened[0].add([msgs[i] for i in batch], vectors=vecs[batch])
+        done.set()
+
+    def deleting():
+        rng = random.Random(2)
+        while not done.is_set():
+            opened[1].delete([f"m{rng.randrange(1500)}" for _ in range(5)])
+            day = T0 + timedelta(days=rng.randrange(300))
+            opened[1].delete_all(day, day + timedelta(hours=12))
+
+    def searching():
+        while not done.is_set():
+            for text, asked, vec, win in queries(4, seed=5):
+                hits = opened[2].search(text, asked_at=asked, windows=win, query_vector=vec, k=10)
+                assert [m.id for m in hits.messages] == hits.positions
+                assert all(m.timestamp <= asked for m in hits.messages)
+
+    threads = [threading.Thread(target=guarded(f)) for f in (adding, deleting, searching)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    check_tables(url, "busy")
+    with psycopg.connect(url) as conn:
+        by_seq = [int(k[1:]) for (k,) in conn.execute("SELECT key FROM tider_messages ORDER BY seq")]
+    assert 300 < len(by_seq) < 1500
+    fresh = TemporalMemory(url, name="fresh", embedder=NoEmbedder())
+    fresh.add([msgs[i] for i in by_seq], vectors=vecs[by_seq])
+    for m in opened:
+        assert [x.key for x in m.messages()] == [x.key for x in fresh.messages()]
+        assert m.timeline().starts == fresh.timeline().starts
+    got, want = answers(opened[2], True), answers(fresh, True)
+    assert [ids for ids, _ in got] == [ids for ids, _ in want]
+    assert all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for (_, a), (_, b) in zip(got, want))
+    for m in (*opened, fresh):
+        m.close()
