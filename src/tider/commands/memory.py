@@ -29,7 +29,9 @@ def register(subparsers) -> None:
         "(created if missing); default $TIDER_STORE. --path is the old name",
     )
     serve.add_argument(
-        "--host", default="127.0.0.1", help="bind address (default loopback; set TIDER_API_KEY to expose)"
+        "--host",
+        default="127.0.0.1",
+        help="bind address (default loopback; set TIDER_API_KEY or TIDER_API_KEYS to expose)",
     )
     serve.add_argument("--port", type=int, default=8100)
     serve.add_argument(

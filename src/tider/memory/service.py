@@ -10,13 +10,18 @@ POST /memories/{name}/search       {"text", "asked_at", "user", "k", "windows"}
                                        "window_source": "rules" | "none (locator failed: ...)"}
 GET  /openapi.json, /docs          the schema, generated from the models below
 ```
+and the record-management routes of ``tider.memory.service_manage`` (get, list, update,
+delete, by key, by time range, all of a memory).
 
 The store is a directory (one embedded store per memory, ``DIR/<name>``, created by its
 first add; one process at a time) or a PostgreSQL URL (every memory in that database;
 any number of service processes on it, behind a load balancer: an add through one is
-found through all). When ``TIDER_API_KEY`` is set, every request needs ``Authorization:
-Bearer <key>`` (else 401), except ``/health``, which a load balancer probes without one
-and which says only whether the store is reachable, and the schema and docs pages.
+found through all). With keys configured (``tider.memory.keys``: ``TIDER_API_KEY``, one
+key for every memory, and ``TIDER_API_KEYS``, a file binding keys to memory-name patterns
+for reading and for writing), every request needs ``Authorization: Bearer <key>`` (else
+401) and stays inside its key's memories (else 403; ``GET /memories`` lists those it may
+read), except ``/health``, which a load balancer probes without one and which says only
+whether the store is reachable, and the schema and docs pages.
 Bad input is a 422 that names the field (pydantic's ``loc``, or the memory's own
 ``MemoryInputError``), an unknown memory a 404, a body over ``max_body_bytes`` a 413. A
 store that cannot serve (``StoreError``: a database that does not answer within its bound,
@@ -39,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hmac
 import logging
 import os
 import re
@@ -54,8 +58,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tider.memory.backends import open_backend
 from tider.memory.files import StoreError
+from tider.memory.keys import KeyRing
 from tider.memory.pg.config import DatabaseUnavailable
 from tider.memory.records import MemoryInputError
+from tider.memory.service_manage import add_management_routes
 from tider.types import NON_TEMPORAL, WindowPrediction
 
 if TYPE_CHECKING:
@@ -244,13 +250,14 @@ def create_app(
     embedder=None,
     locator: dict | None = None,
     api_key: str | None = None,
+    keys_file: str | os.PathLike | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     postgres=None,
 ) -> FastAPI:
     """The service over the memories in ``store`` (a directory, or a PostgreSQL URL);
-    ``api_key`` defaults to ``$TIDER_API_KEY``."""
+    ``api_key`` and ``keys_file`` default to ``$TIDER_API_KEY`` and ``$TIDER_API_KEYS``."""
+    keys = KeyRing.from_env(api_key, keys_file)  # first: a bad key file stops the start
     backend = LazyBackend(store, postgres)
-    key = api_key if api_key is not None else os.environ.get("TIDER_API_KEY") or None
     memories: dict[str, MemoryBase] = {}
     opening = threading.Lock()
 
@@ -281,7 +288,7 @@ def create_app(
         up = backend.reachable()
         return JSONResponse({"status": "ok" if up else "unavailable"}, 200 if up else 503)
 
-    router = APIRouter(dependencies=[Depends(_authorizer(key))])
+    router = APIRouter(dependencies=[Depends(_authorizer(keys))])
     _add_routes(router, backend, memory)
     app.include_router(router)
     return app
@@ -293,12 +300,19 @@ async def _unavailable(request: Request, err: StoreError) -> JSONResponse:
     return JSONResponse({"detail": str(err)}, 503, headers={"Retry-After": "1"})
 
 
-def _authorizer(key: str | None):
-    """The dependency every request passes: the bearer token must be ``key`` (when set)."""
+def _authorizer(keys: KeyRing):
+    """The dependency every request passes: a known bearer key (when keys are configured)
+    whose grant covers the memory named in the path, for reading (GET, search) or writing."""
 
-    def authorized(creds: Credentials) -> None:
-        if key is not None and (creds is None or not hmac.compare_digest(creds.credentials.encode(), key.encode())):
+    def authorized(request: Request, creds: Credentials) -> None:
+        grant = keys.grant(creds.credentials if creds else None)
+        if grant is None:
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        name = request.path_params.get("name")
+        reading = request.method == "GET" or request.url.path.endswith("/search")
+        if name is not None and not grant.allows(name, "read" if reading else "write"):
+            raise HTTPException(403, f"this key may not {'read' if reading else 'write'} memory {name!r}")
+        request.state.grant = grant
 
     return authorized
 
@@ -308,8 +322,8 @@ def _add_routes(app: APIRouter, backend, memory) -> None:
     name_param = PathParam(pattern=NAME, description="memory name (letters, digits, . _ -)")
 
     @app.get("/memories")
-    def names() -> dict:
-        return {"memories": backend.get().names()}
+    def names(request: Request) -> dict:
+        return {"memories": [n for n in backend.get().names() if request.state.grant.allows(n, "read")]}
 
     @app.post("/memories/{name}/messages", response_model=AddResponse)
     def add(body: AddRequest, name: str = name_param) -> AddResponse:
@@ -338,6 +352,8 @@ def _add_routes(app: APIRouter, backend, memory) -> None:
             prediction=PredictionOut(**prediction),
             window_source=body.windows if isinstance(windows, str) else windows.label,
         )
+
+    add_management_routes(app, memory, name_param, _input_error)
 
 
 def serve(store: str, host: str = "127.0.0.1", port: int = 8100, locator: dict | None = None, config=None) -> None:

@@ -1,0 +1,140 @@
+"""The service's record-management routes (what a mem0 or Zep user calls), over
+``MemoryBase``'s ``get`` / ``get_all`` / ``update`` / ``delete`` / ``delete_all``:
+
+```
+GET    /memories/{name}/messages?start&end&offset&limit  {"messages": [...], "next_offset": int | null}
+GET    /memories/{name}/messages/{key}                   a message, or 404
+PATCH  /memories/{name}/messages/{key}  {"text"?, "timestamp"?}  -> the message as stored
+DELETE /memories/{name}/messages/{key}                   {"deleted": [key]}, or 404
+POST   /memories/{name}/delete          {"keys": [...]} or {"start"?, "end"?}  -> {"deleted": [...]}
+DELETE /memories/{name}                                  every message of the memory: {"deleted": [...]}
+```
+
+Times are ISO 8601 (timezone-aware ones become UTC); a range is inclusive at both ends.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi import Path as PathParam
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tider.memory.base import MAX_PAGE
+from tider.memory.records import MemoryInputError, MessageNotFound
+from tider.types import Message
+
+KEY = PathParam(min_length=1, max_length=256, description="the message's key")
+
+
+class MessageOut(BaseModel):
+    id: str = Field(description="the message's key")
+    text: str
+    timestamp: str
+    speaker: str
+    session: str
+    channel: str | None = None
+    topic: str | None = None
+    phase: str | None = None
+    role: str | None = None
+    stage: int | None = None
+
+    @classmethod
+    def of(cls, m: Message) -> MessageOut:
+        return cls(
+            id=m.key,
+            text=m.text,
+            timestamp=m.timestamp.isoformat(),
+            speaker=m.speaker,
+            session=m.session,
+            **{f: getattr(m, f) for f in ("channel", "topic", "phase", "role", "stage")},
+        )
+
+
+class ListResponse(BaseModel):
+    messages: list[MessageOut]
+    next_offset: int | None = Field(description="the next page's offset; null on the last page")
+
+
+class UpdateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str | None = Field(None, max_length=100_000)
+    timestamp: str | None = Field(None, min_length=1, max_length=64)
+
+    @model_validator(mode="after")
+    def _something(self):
+        if self.text is None and self.timestamp is None:
+            raise ValueError("give a text, a timestamp or both")
+        return self
+
+
+class DeleteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    keys: list[str] | None = Field(None, min_length=1, max_length=10_000)
+    start: str | None = Field(None, min_length=1, max_length=64)
+    end: str | None = Field(None, min_length=1, max_length=64)
+
+    @model_validator(mode="after")
+    def _one_filter(self):
+        if (self.keys is None) == (self.start is None and self.end is None):
+            raise ValueError("give either keys or a time range (start and/or end); DELETE /memories/{name} empties it")
+        return self
+
+
+class DeleteResponse(BaseModel):
+    deleted: list[str]
+
+
+def add_management_routes(app: APIRouter, memory, name_param, input_error) -> None:
+    """``memory(name, create=False)`` opens a memory (404 when there is none);
+    ``input_error`` turns a ``MemoryInputError`` into the service's 422."""
+
+    def run(call):
+        try:
+            return call()
+        except MemoryInputError as err:
+            raise input_error(err) from None
+        except MessageNotFound as err:
+            raise HTTPException(404, str(err).strip('"')) from None
+
+    @app.get("/memories/{name}/messages", response_model=ListResponse)
+    def list_messages(
+        name: str = name_param,
+        start: str | None = Query(None, max_length=64),
+        end: str | None = Query(None, max_length=64),
+        offset: int = Query(0, ge=0),
+        limit: int = Query(100, ge=1, le=MAX_PAGE),
+    ) -> ListResponse:
+        mem = memory(name, create=False)
+        page = run(lambda: mem.get_all(start, end, offset, limit))
+        more = bool(page) and bool(mem.get_all(start, end, offset + limit, 1))
+        return ListResponse(messages=[MessageOut.of(m) for m in page], next_offset=offset + limit if more else None)
+
+    @app.get("/memories/{name}/messages/{key:path}", response_model=MessageOut)
+    def get_message(name: str = name_param, key: str = KEY) -> MessageOut:
+        found = memory(name, create=False).get(key)
+        if found is None:
+            raise HTTPException(404, f"memory {name!r} holds no message {key!r}")
+        return MessageOut.of(found)
+
+    @app.patch("/memories/{name}/messages/{key:path}", response_model=MessageOut)
+    def update_message(body: UpdateRequest, name: str = name_param, key: str = KEY) -> MessageOut:
+        mem = memory(name, create=False)
+        return MessageOut.of(run(lambda: mem.update(key, text=body.text, timestamp=body.timestamp)))
+
+    @app.delete("/memories/{name}/messages/{key:path}", response_model=DeleteResponse)
+    def delete_message(name: str = name_param, key: str = KEY) -> DeleteResponse:
+        deleted = memory(name, create=False).delete(key)
+        if not deleted:
+            raise HTTPException(404, f"memory {name!r} holds no message {key!r}")
+        return DeleteResponse(deleted=deleted)
+
+    @app.post("/memories/{name}/delete", response_model=DeleteResponse)
+    def delete_where(body: DeleteRequest, name: str = name_param) -> DeleteResponse:
+        mem = memory(name, create=False)
+        if body.keys is not None:
+            return DeleteResponse(deleted=run(lambda: mem.delete(body.keys)))
+        return DeleteResponse(deleted=run(lambda: mem.delete_all(body.start, body.end)))
+
+    @app.delete("/memories/{name}", response_model=DeleteResponse)
+    def delete_memory(name: str = name_param) -> DeleteResponse:
+        return DeleteResponse(deleted=memory(name, create=False).delete_all())

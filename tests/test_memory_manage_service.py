@@ -1,0 +1,129 @@
+"""Record management, scopes and scoped keys through the real HTTP service (``tider memory
+serve`` on loopback), on both backends (a directory of embedded stores, a real PostgreSQL):
+add -> get -> update -> search finds the new text, not the old -> delete -> neither search
+nor get finds it; a memory is a scope and a search never crosses one; a key bound to some
+memories gets 403 outside them (issue 36)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from test_memory_service import MESSAGES
+from test_service_errors import Service
+
+ALICE, AUDIT, ADMIN = "alice-key-0123456789", "audit-key-0123456789", "admin-key-0123456789"
+KEYS = {
+    "keys": [
+        {"key": ALICE, "read": ["alice.*"], "write": ["alice.*"]},
+        {"key": AUDIT, "read": ["*"], "write": []},
+        {"key": ADMIN, "read": ["*"], "write": ["*"]},
+    ]
+}
+
+
+def auth(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module", params=["directory", "postgres"])
+def served(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(request.param)
+    store = str(tmp / "stores") if request.param == "directory" else request.getfixturevalue("postgres").database()
+    (tmp / "keys.json").write_text(json.dumps(KEYS))
+    service = Service(store, tmp, env={"TIDER_API_KEYS": str(tmp / "keys.json")})
+    yield service
+    service.close()
+
+
+def call(service, method: str, path: str, key: str = ADMIN, **kw) -> httpx.Response:
+    return httpx.request(method, f"{service.url}{path}", headers=auth(key), timeout=120, **kw)
+
+
+def search_ids(service, name: str, text: str, key: str = ADMIN) -> list[str]:
+    r = call(service, "POST", f"/memories/{name}/search", key, json={"text": text, "k": 10})
+    assert r.status_code == 200, r.text
+    return [h["id"] for h in r.json()["hits"]]
+
+
+def test_add_get_update_search_delete(served):
+    assert call(served, "POST", "/memories/alice.chat/messages", json={"messages": MESSAGES}).status_code == 200
+    got = call(served, "GET", "/memories/alice.chat/messages/m3").json()
+    assert got["text"] == MESSAGES[2]["text"] and got["timestamp"] == "2024-03-05T12:00:00"
+
+    r = call(served, "PATCH", "/memories/alice.chat/messages/m3", json={"text": "Dinner at the zeppelin museum"})
+    assert r.status_code == 200 and r.json()["text"] == "Dinner at the zeppelin museum", r.text
+    assert search_ids(served, "alice.chat", "zeppelin museum")[0] == "m3"
+    hits = call(served, "POST", "/memories/alice.chat/search", json={"text": "ramen lunch", "k": 4}).json()["hits"]
+    assert all("ramen" not in h["text"] for h in hits)  # the old text is in no index
+    moved = call(served, "PATCH", "/memories/alice.chat/messages/m3", json={"timestamp": "2024-01-01T08:00:00+02:00"})
+    assert moved.json()["timestamp"] == "2024-01-01T06:00:00"
+    listed = call(served, "GET", "/memories/alice.chat/messages").json()
+    assert [m["id"] for m in listed["messages"]] == ["m3", "m1", "m2", "m4"] and listed["next_offset"] is None
+
+    assert call(served, "DELETE", "/memories/alice.chat/messages/m3").json() == {"deleted": ["m3"]}
+    assert call(served, "GET", "/memories/alice.chat/messages/m3").status_code == 404
+    assert call(served, "DELETE", "/memories/alice.chat/messages/m3").status_code == 404
+    assert call(served, "PATCH", "/memories/alice.chat/messages/m3", json={"text": "x"}).status_code == 404
+    assert "m3" not in search_ids(served, "alice.chat", "zeppelin museum")
+
+
+def test_list_pages_and_delete_by_range_or_all(served):
+    batch = [{**m, "key": f"p{i}"} for i, m in enumerate(MESSAGES * 3)]
+    batch = [{**m, "timestamp": f"2024-05-{i + 1:02d}T10:00:00"} for i, m in enumerate(batch)]
+    assert call(served, "POST", "/memories/alice.pages/messages", json={"messages": batch}).status_code == 200
+    first = call(served, "GET", "/memories/alice.pages/messages", params={"limit": 5}).json()
+    second = call(served, "GET", "/memories/alice.pages/messages", params={"limit": 5, "offset": 5}).json()
+    third = call(served, "GET", "/memories/alice.pages/messages", params={"limit": 5, "offset": 10}).json()
+    assert (first["next_offset"], second["next_offset"], third["next_offset"]) == (5, 10, None)
+    assert [m["id"] for m in first["messages"] + second["messages"] + third["messages"]] == [f"p{i}" for i in range(12)]
+    window = {"start": "2024-05-03T00:00:00", "end": "2024-05-05T23:59:59"}
+    in_range = call(served, "GET", "/memories/alice.pages/messages", params=window).json()["messages"]
+    assert [m["id"] for m in in_range] == ["p2", "p3", "p4"]
+    assert call(served, "POST", "/memories/alice.pages/delete", json=window).json() == {"deleted": ["p2", "p3", "p4"]}
+    assert call(served, "POST", "/memories/alice.pages/delete", json={"keys": ["p0", "nope"]}).json() == {
+        "deleted": ["p0"]
+    }
+    for bad in ({}, {"keys": ["p1"], "start": "2024-05-01T00:00:00"}, {"start": "soon"}, {"keys": []}):
+        r = call(served, "POST", "/memories/alice.pages/delete", json=bad)
+        assert r.status_code == 422 and r.json()["detail"], (bad, r.text)
+    assert call(served, "GET", "/memories/alice.pages/messages", params={"limit": 0}).status_code == 422
+    assert len(call(served, "DELETE", "/memories/alice.pages").json()["deleted"]) == 8
+    assert call(served, "GET", "/memories/alice.pages/messages").json()["messages"] == []
+
+
+def test_scopes_and_scoped_keys(served):
+    other = [{**m, "key": f"b{i}", "text": m["text"] + " (bob's)"} for i, m in enumerate(MESSAGES)]
+    assert call(served, "POST", "/memories/bob.chat/messages", json={"messages": other}).status_code == 200
+    assert call(served, "POST", "/memories/alice.scoped/messages", json={"messages": MESSAGES}).status_code == 200
+    # a search reads its own memory only
+    assert all(not i.startswith("b") for i in search_ids(served, "alice.scoped", "offsite budget bob's"))
+    # alice's key: alice.* only
+    assert call(served, "GET", "/memories/bob.chat/messages/b1", ALICE).status_code == 403
+    assert call(served, "POST", "/memories/bob.chat/search", ALICE, json={"text": "offsite"}).status_code == 403
+    assert call(served, "DELETE", "/memories/bob.chat/messages/b1", ALICE).status_code == 403
+    assert call(served, "POST", "/memories/bob.chat/messages", ALICE, json={"messages": MESSAGES}).status_code == 403
+    assert search_ids(served, "alice.scoped", "offsite", ALICE)
+    names = call(served, "GET", "/memories", ALICE).json()["memories"]
+    assert "alice.scoped" in names and "bob.chat" not in names
+    # the audit key reads everything, writes nothing
+    assert call(served, "GET", "/memories/bob.chat/messages/b1", AUDIT).status_code == 200
+    assert call(served, "PATCH", "/memories/bob.chat/messages/b1", AUDIT, json={"text": "x"}).status_code == 403
+    assert call(served, "DELETE", "/memories/alice.scoped", AUDIT).status_code == 403
+    # no key, an unknown key
+    assert httpx.get(f"{served.url}/memories/bob.chat/messages").status_code == 401
+    assert call(served, "GET", "/memories/bob.chat/messages", "wrong-key-0123456789").status_code == 401
+    assert call(served, "GET", "/memories/bob.chat/messages/b1").json()["text"].endswith("(bob's)")
+
+
+def test_a_bad_key_file_stops_the_start_with_its_name(tmp_path):
+    from tider.memory.keys import KeyFileError, KeyRing
+
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"keys": [{"key": "short", "read": ["*"]}]}))
+    with pytest.raises(KeyFileError, match=r"keys\.json: keys\[0\]: needs a 'key'"):
+        KeyRing.from_env(keys_file=path)
+    path.write_text(json.dumps({"keys": [{"key": ALICE, "read": "alice.*"}]}))
+    with pytest.raises(KeyFileError, match="lists of memory-name patterns"):
+        KeyRing.from_env(keys_file=path)
