@@ -1,7 +1,7 @@
-"""What the bench scripts share: the learning benchmark's data and prompt designs, recipe
-parsing, reward scoring of a checkpoint's completions (and ``HeldOut``, the stage of
-``tider.pipeline`` the learning benchmarks add), the paired bootstrap behind the README's
-intervals, and the machine's description.
+"""What the bench scripts share: the learning benchmark's data and prompt designs, reward
+scoring of a checkpoint's completions (and ``HeldOut``, the stage of ``tider.pipeline`` the
+learning benchmarks add), the paired bootstrap behind the README's intervals, and the
+machine's description.
 
 Bench scripts run as ``python bench/X.py`` from the repository root, so ``bench/`` is on
 ``sys.path`` and they ``import benchlib``; tests/test_benchlib.py tests it. Heavy imports
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # ablation rows (v1, +lines, +cues, +pointers, +marks, +repeat) need the prompt switches of
 # fa11d15, the last commit that has them (docs/experiments.md).
 DESIGNS = {"shipped": {"rewards": "v2", "fresh": True}}
-# The learning benchmark's data: bench_learning.py's defaults, and what benchmark_split reads.
+# The learning benchmark's data: bench_learning.py's defaults.
 BENCHMARK_DATA = argparse.Namespace(
     synthetic_messages=22400, synthetic_conversations=16, train_conversations=16, train_seed=1000
 )
@@ -94,29 +94,6 @@ def data_overrides(args, design: dict) -> list[str]:
         "--synthetic_train_seed",
         str(args.train_seed),
     ]
-
-
-def recipe_args(recipe: str, overrides: list[str]):
-    from tider.train.config import parse_recipe
-
-    return parse_recipe(recipe.split("/")[0], ["--config", str(ROOT / f"configs/{recipe}.yaml"), *overrides])
-
-
-def benchmark_split(checkpoint, design: str = "shipped"):
-    """The benchmark's data as the GRPO recipe sees it, for scripts that score checkpoints
-    on it: ``(grpo_args, grpo_training_args, dataset, store, splits)``."""
-    from tider.memory.collection import MemoryCollection
-    from tider.train.data import load_training_dataset
-    from tider.train.stage import prepare
-
-    data = data_overrides(BENCHMARK_DATA, DESIGNS[design])
-    g_args, g_train, _ = recipe_args(
-        "grpo/tiny-cpu", ["--model_name_or_path", str(checkpoint), "--output_dir", "unused", *data]
-    )
-    dataset = load_training_dataset(g_args)
-    store = MemoryCollection(dataset.memories)
-    _, _, _, _, splits = prepare(g_args, str(checkpoint), stage="eval", dataset=dataset, store=store)
-    return g_args, g_train, dataset, store, splits
 
 
 def reward_columns(queries, tables, dataset, store) -> dict:

@@ -54,7 +54,9 @@ def test_every_design_is_a_valid_recipe_override(design):
     """bench_learning.py --design D runs the recipes with these overrides: they must parse
     (a design that needs a removed switch fails here, not an hour into a run)."""
     overrides = benchlib.data_overrides(benchlib.BENCHMARK_DATA, benchlib.DESIGNS[design])
-    script, _, _ = benchlib.recipe_args("grpo/tiny-cpu", ["--output_dir", "unused", *overrides])
+    from tider.pipeline import Train
+
+    script, _, _ = Train("grpo", ROOT / "configs/grpo/tiny-cpu.yaml", ROOT / "unused", None, overrides).parse()
     assert script.synthetic_messages == benchlib.BENCHMARK_DATA.synthetic_messages
     assert script.synthetic_train_conversations == (
         benchlib.BENCHMARK_DATA.train_conversations if benchlib.DESIGNS[design]["fresh"] else 0
