@@ -112,6 +112,20 @@ def stored(conn, memory_id: int, key: str) -> Message | None:
     return None if row is None else _stored_message(row)[3]
 
 
+def _rewrite_row(conn, memory_id: int, seq: int, new: Message, length: int, vector) -> None:
+    """The stored message ``seq`` becomes ``new`` (its vector too, unless ``vector`` is None)."""
+    conn.execute(
+        "UPDATE tider_messages SET ts = %s, text = %s, speaker = %s, session = %s, channel = %s, topic = %s, "
+        "phase = %s, role = %s, stage = %s, doc_length = %s"
+        + (", embedding = %s" if vector is not None else "")
+        + " WHERE memory_id = %s AND seq = %s",
+        (new.timestamp, new.text, new.speaker, new.session, new.channel, new.topic, new.phase, new.role)
+        + (new.stage, length)
+        + ((vector,) if vector is not None else ())
+        + (memory_id, seq),
+    )
+
+
 def commit_replace(
     conn,
     memory_name: str,
@@ -142,16 +156,7 @@ def commit_replace(
         _drop_postings(conn, memory_id, [seq])
         fresh = Fresh([new], np.zeros((1, 0), np.float32), [terms])
         length = fresh.doc_lengths()[0]
-        conn.execute(
-            "UPDATE tider_messages SET ts = %s, text = %s, speaker = %s, session = %s, channel = %s, topic = %s, "
-            "phase = %s, role = %s, stage = %s, doc_length = %s"
-            + (", embedding = %s" if embedded is not None else "")
-            + " WHERE memory_id = %s AND seq = %s",
-            (new.timestamp, new.text, new.speaker, new.session, new.channel, new.topic, new.phase, new.role)
-            + (new.stage, length)
-            + ((embedded[0],) if embedded is not None else ())
-            + (memory_id, seq),
-        )
+        _rewrite_row(conn, memory_id, seq, new, length, None if embedded is None else embedded[0])
         if embedded is not None:
             conn.execute("DELETE FROM tider_chunks WHERE memory_id = %s AND seq = %s", (memory_id, seq))
             chunks = np.asarray(embedded[1], dtype=np.float32)
