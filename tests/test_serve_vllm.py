@@ -348,7 +348,9 @@ def test_a_served_vote_is_one_seeded_request_per_query(server, synthetic_slice):
     preds, texts, _ = _predict(first, queries[:4], store)
     assert _predict(second, queries[:4], store)[:2] == (preds, texts)
     usage = first.client.usage_by_stage()["locator"]
-    assert (usage["calls"], usage["samples"], usage["errors"]) == (4, 16, 0)  # one request a query
+    # one request a query; "errors" also counts unparsed samples, which this small model writes
+    assert (usage["calls"], usage["samples"]) == (4, 16)
+    assert not any(o.failure == "request_failed" for o in first.last_outcomes)
     assert any(len(set(t.split("\n"))) > 1 for t in texts)  # sampled, not four greedy answers
     granularity = store.messages(queries[0].memory_key).granularity
     per_seed = [
