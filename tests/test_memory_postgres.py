@@ -630,3 +630,20 @@ def test_deletes_adds_and_searches_at_once(postgres):
     assert all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for (_, a), (_, b) in zip(got, want))
     for m in (*opened, fresh):
         m.close()
+
+
+def test_the_day_a_question_names_leads_under_rules_as_embedded(postgres):
+    """Issue 45 item 6 on PostgreSQL: a padded window's anchor ranks as in the embedded store."""
+    from test_retrieval_anchor import ASKED, recurring
+
+    msgs, vecs, qvec = recurring()
+    pg = TemporalMemory(postgres.database(), name="anchor", embedder=NoEmbedder())
+    local = TemporalMemory(None, embedder=NoEmbedder())
+    for mem in (pg, local):
+        mem.add(msgs, vectors=vecs)
+    got = [
+        mem.search(ASKED, asked_at=datetime(2024, 2, 20), windows="rules", k=5, query_vector=qvec, exact=True)
+        for mem in (pg, local)
+    ]
+    assert got[0].ids == got[1].ids and got[0].messages[0].timestamp.date() == datetime(2024, 2, 3).date()
+    pg.close()

@@ -36,20 +36,41 @@ def format_time(ts: datetime, granularity: Granularity) -> str:
 
 @dataclass(frozen=True, order=True)
 class Window:
-    """A closed time interval ``[start, end]``."""
+    """A closed time interval ``[start, end]``.
+
+    ``core``: for a window widened around what was asked (``rules``' padded cue), the
+    unpadded window, its *anchor*: inside the window the temporal channel ranks the pad's
+    messages below the core's where similarity does not separate them
+    (``tider.retrieval.retriever``). Not part of equality or order: a window is its span."""
 
     start: datetime
     end: datetime
+    core: Window | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.start > self.end:
             raise ValueError(f"window start {self.start} is after end {self.end}")
+        if self.core is not None and not (self.start <= self.core.start and self.core.end <= self.end):
+            raise ValueError(f"window core {self.core.start} .. {self.core.end} is not inside the window")
+
+    @property
+    def anchor(self) -> Window:
+        """The part of the window that was asked for: its core, or the whole window."""
+        return self.core or self
 
     def contains(self, ts: datetime) -> bool:
         return self.start <= ts <= self.end
 
     def widen(self, by: timedelta) -> Window:
-        return Window(self.start - by, self.end + by)
+        """The window ``by`` wider on each side; what it was widened from stays its core."""
+        return Window(self.start - by, self.end + by, self.anchor)
+
+    def clip_end(self, end: datetime) -> Window:
+        """The window cut at ``end`` (which must not precede its start), its core cut alike."""
+        core = self.core
+        if core is not None:
+            core = None if core.start > end else Window(core.start, min(core.end, end))
+        return Window(self.start, min(self.end, end), core)
 
     def distance(self, ts: datetime) -> timedelta:
         """Time from ``ts`` to the nearest point of the window (zero inside)."""

@@ -23,7 +23,7 @@ def past_windows(windows, asked_at, past_only: bool = True) -> list[Window]:
     selection looks only where the retriever may (``RetrievalConfig.past_only``)."""
     if not past_only or asked_at is None:
         return list(windows)
-    return [Window(w.start, min(w.end, asked_at)) for w in windows if w.start <= asked_at]
+    return [w.clip_end(asked_at) for w in windows if w.start <= asked_at]
 
 
 @dataclass

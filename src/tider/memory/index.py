@@ -35,7 +35,7 @@ import numpy as np
 
 from tider.retrieval import channels
 from tider.retrieval.config import RetrievalConfig
-from tider.retrieval.retriever import fuse_ranks, uses_windows
+from tider.retrieval.retriever import anchors, fuse_ranks, uses_windows
 from tider.types import WindowPrediction
 
 
@@ -142,22 +142,36 @@ def indexed_rank(
     if not uses_windows(prediction, config):
         return semantic_top_k(c, k)
     inside = channels.id_ranges(ts_days[: c.cut], channels.window_days(prediction.windows))
-    return windowed_rank(c, inside, config, k)
+    core = channels.id_ranges(ts_days[: c.cut], channels.window_days(anchors(prediction)))
+    return windowed_rank(c, inside, config, k, core)
+
+
+def _in_ranges(ids: np.ndarray, ranges) -> np.ndarray:
+    out = np.zeros(len(ids), dtype=bool)
+    for lo, hi in ranges:
+        out |= (ids >= lo) & (ids < hi)
+    return out
 
 
 def windowed_rank(
-    c: Candidates, inside: list[tuple[int, int]], config: RetrievalConfig, k: int
+    c: Candidates,
+    inside: list[tuple[int, int]],
+    config: RetrievalConfig,
+    k: int,
+    core: list[tuple[int, int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``indexed_rank`` for a temporal prediction whose windows hold the position ranges
-    ``inside`` (half-open, merged, within the past): the backend finds them (bisection
-    here, an indexed time range in a database) and this fuses."""
+    ``inside`` and whose anchors hold ``core`` (half-open, merged, within the past; None:
+    ``inside``): the backend finds them (bisection here, an indexed time range in a
+    database) and this fuses."""
+    core = inside if core is None else core
     semantic, _ = semantic_top_k(c, k)
-    in_window = np.zeros(len(c.ids), dtype=bool)
-    for lo, hi in inside:
-        in_window |= (c.ids >= lo) & (c.ids < hi)
+    in_window = _in_ranges(c.ids, inside)
     by_id = np.argsort(c.ids)
     taken, taken_sim = c.ids[by_id], c.sim[by_id]
-    pool = np.unique(np.concatenate([semantic, c.ids[in_window], *_fillers(inside, taken, k)]))
+    # zero-sim fillers: the first of each anchor, then of each window (the exact path's order)
+    fillers = [*_fillers(core, taken, k), *_fillers(inside, taken, k)]
+    pool = np.unique(np.concatenate([semantic, c.ids[in_window], *fillers]))
     sim = np.zeros(len(pool), dtype=np.float32)
     rank = np.full(len(pool), np.inf)
     at = np.minimum(np.searchsorted(taken, pool), max(len(taken) - 1, 0))
@@ -166,7 +180,4 @@ def windowed_rank(
     rank[known] = by_id[at[known]] + 1  # its place in the best-first candidate list
     # Past the candidates the exact order is by id: count the non-candidates before each.
     rank[~known] = len(c.ids) + pool[~known] - np.searchsorted(taken, pool[~known]) + 1
-    in_pool = np.zeros(len(pool), dtype=bool)
-    for lo, hi in inside:
-        in_pool |= (pool >= lo) & (pool < hi)
-    return fuse_ranks(pool, sim, rank, in_pool, config.rrf_k, k)
+    return fuse_ranks(pool, sim, rank, _in_ranges(pool, inside), config.rrf_k, k, _in_ranges(pool, core))

@@ -7,7 +7,11 @@ For a query q and a window prediction P:
    channel** ranks every message the query may see by ``sim``.
 2. Non-temporal P (``temporal=False`` or no windows), or ``config.temporal=False``:
    the answer is the semantic channel's top-k, scored by ``sim``.
-3. Otherwise the **temporal channel** ranks the messages inside P's windows by ``sim``.
+3. Otherwise the **temporal channel** ranks the messages inside P's windows by ``sim``,
+   halved in a window's pad (``Window.core``: ``rules`` pads the day a question names by a
+   day on each side), ties to the anchor, then to the earlier message: where similarity does
+   not separate the window's messages, closeness to what was asked does (TIDER's distance
+   decay, inside the window only).
    Each channel nominates its top k, and the nominations are fused by reciprocal rank, as
    the dense and lexical rankings are fused inside the hybrid mode (same ``rrf_k``, same
    scale):
@@ -56,6 +60,19 @@ def exact_similarity(
     )
 
 
+# A message in a window's pad (outside its anchor) counts this share of its similarity in the
+# temporal channel: to outrank a message of the day the question names it must be twice as
+# similar. Near-identical messages (a recurring event) then rank by closeness to the anchor,
+# where they used to rank by age, and a clearly better pad message still leads.
+PAD_WEIGHT = 0.5
+
+
+def temporal_key(sim: np.ndarray, in_core: np.ndarray) -> np.ndarray:
+    """The temporal channel's ranking score: ``sim``, halved in a window's pad (TIDER's
+    distance decay at one step: the pad is one unit from the anchor)."""
+    return np.where(in_core, sim, sim * PAD_WEIGHT)
+
+
 def uses_windows(prediction: WindowPrediction, config: RetrievalConfig) -> bool:
     return bool(config.temporal and prediction.temporal and prediction.windows)
 
@@ -77,22 +94,38 @@ def dual_channel_rank(
         top = order[:k]
         return top, sim[top]
     inside = channels.ids_in_ranges(channels.id_ranges(ts_days, channels.window_days(prediction.windows)))
+    core = channels.ids_in_ranges(channels.id_ranges(ts_days, channels.window_days(anchors(prediction))))
     pool = np.union1d(order[:k], inside)
     semantic_rank = np.full(len(pool), np.inf)
     semantic_rank[np.searchsorted(pool, order[:k])] = np.arange(1, min(k, len(order)) + 1)
-    return fuse_ranks(pool, sim[pool], semantic_rank, np.isin(pool, inside, assume_unique=True), config.rrf_k, k)
+    in_window, in_core = np.isin(pool, inside, assume_unique=True), np.isin(pool, core, assume_unique=True)
+    return fuse_ranks(pool, sim[pool], semantic_rank, in_window, config.rrf_k, k, in_core)
+
+
+def anchors(prediction: WindowPrediction) -> tuple:
+    """The part of each window that was asked for (``Window.anchor``): the windows
+    themselves unless a source widened them (``rules``' pad)."""
+    return tuple(w.anchor for w in prediction.windows)
 
 
 def fuse_ranks(
-    pool: np.ndarray, sim: np.ndarray, semantic_rank: np.ndarray, inside: np.ndarray, rrf_k: int, k: int
+    pool: np.ndarray,
+    sim: np.ndarray,
+    semantic_rank: np.ndarray,
+    inside: np.ndarray,
+    rrf_k: int,
+    k: int,
+    core: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` of ``pool`` by the fused score (module docstring). ``pool`` holds every
     message that can reach the top k: the semantic top k and every message in the windows
     (or, on the index path, the first ones the temporal channel ranks); ``sim``,
-    ``semantic_rank`` (1-based, inf past k or unranked) and ``inside`` are aligned with it.
-    The temporal channel nominates its top k."""
+    ``semantic_rank`` (1-based, inf past k or unranked), ``inside`` and ``core`` (in a
+    window's anchor; None: every window message) are aligned with it.
+    The temporal channel nominates its top k, ranked by ``temporal_key``."""
     members = pool[inside]
-    window_order = np.lexsort((members, -sim[inside]))[:k]
+    in_core = np.ones(len(members), dtype=bool) if core is None else core[inside]
+    window_order = np.lexsort((members, ~in_core, -temporal_key(sim[inside], in_core)))[:k]
     window_rank = np.full(len(pool), np.inf)
     window_rank[np.flatnonzero(inside)[window_order]] = np.arange(1, len(window_order) + 1)
     semantic_rank = np.where(semantic_rank <= k, semantic_rank, np.inf)

@@ -35,7 +35,7 @@ from tider.memory.records import MemoryInputError, to_messages
 from tider.memory.store import Ranking
 from tider.memory.store_state import REINDEX_HINT, built_with, check_build, check_embedder, stored_config
 from tider.retrieval.config import RetrievalConfig
-from tider.retrieval.retriever import uses_windows
+from tider.retrieval.retriever import anchors, uses_windows
 from tider.types import Memory, Message, Query, WindowPrediction
 
 
@@ -297,7 +297,9 @@ class PostgresMemory(MemoryBase):
                 ids, scores = semantic_top_k(found, k)
             else:
                 inside = sql.window_ranges(snap.conn, snap.row, prediction.windows, cut)
-                ids, scores = windowed_rank(found, inside, self.config, k)
+                padded = any(w.core is not None for w in prediction.windows)
+                core = sql.window_ranges(snap.conn, snap.row, anchors(prediction), cut) if padded else inside
+                ids, scores = windowed_rank(found, inside, self.config, k, core)
             return ids, scores, not hnsw
 
     def ranking(self, query: Query, mode: str | None = None, exact: bool | None = None) -> Ranking:
