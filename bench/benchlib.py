@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tider.eval.stats import paired_bootstrap_ci
+
 ROOT = Path(__file__).resolve().parents[1]
 # The learning benchmark's designs (bench_learning.py --design): its rewards, and whether
 # train-only conversations join the train split; the prompt is the code's own. The prompt
@@ -28,16 +30,6 @@ DESIGNS = {"shipped": {"rewards": "v2", "fresh": True}}
 BENCHMARK_DATA = argparse.Namespace(
     synthetic_messages=22400, synthetic_conversations=16, train_conversations=16, train_seed=1000
 )
-
-
-def paired_bootstrap_ci(diffs, n_boot: int = 10_000, seed: int = 0, alpha: float = 0.05) -> dict:
-    """Mean of the paired differences ``diffs`` and its percentile bootstrap ``1 - alpha``
-    interval (``n_boot`` resamples of the pairs, seeded): ``{"mean", "ci_low", "ci_high", "n"}``."""
-    diffs = np.asarray(diffs, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    means = diffs[rng.integers(0, len(diffs), size=(n_boot, len(diffs)))].mean(axis=1)
-    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return {"mean": float(diffs.mean()), "ci_low": float(lo), "ci_high": float(hi), "n": len(diffs)}
 
 
 def hardware() -> str:

@@ -48,8 +48,8 @@ def test_demo_runs_every_stage_then_resumes(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), *TOY]) == 0
     printed = capsys.readouterr().out
-    for step in ("[1/7]", "[2/7]", "[3/7]", "[4/7]", "[5/7]", "[6/7]", "[7/7]"):
-        assert step in printed
+    for step in range(1, 9):
+        assert f"[{step}/8]" in printed
     export = json.loads((out / "export" / "export_report.json").read_text())
     assert export["greedy_identical"] and export["dtype"] == "float32"
     assert json.loads((out / "export" / "tider_locator.json").read_text())["prompt_settings"]["lines"]["max_lines"] == 4
@@ -66,6 +66,14 @@ def test_demo_runs_every_stage_then_resumes(tmp_path, capsys):
     ]
     assert comparison["n_queries"] == 6
     assert (out / "compare" / "compare.png").exists()
+    # SFT and SFT+GRPO on the same questions, the paired difference and its interval, printed
+    paired = json.loads((out / "compare" / "grpo_vs_sft.json").read_text())
+    sft = json.loads((out / "compare-sft" / "compare.json").read_text())
+    assert sft["methods"] == ["locator"] and sft["n_queries"] == paired["n"] <= 6 and paired["n"] > 0
+    d = paired["after_minus_before"]
+    assert d["ci_low"] <= d["mean"] <= d["ci_high"] and d["n"] == paired["n"]
+    assert paired["recall@20"]["after"] - paired["recall@20"]["before"] == pytest.approx(d["mean"])
+    assert "SFT vs SFT+GRPO" in printed and "95% paired bootstrap" in printed
     first = json.loads((out / "timings.json").read_text())
 
     assert main(["demo", "--out", str(out), *TOY]) == 0  # resume: nothing retrained

@@ -270,3 +270,55 @@ def test_reader_that_is_not_up_fails_fast_with_its_url():
     with pytest.raises(ReaderUnavailable, match=url.replace(".", r"\.")):
         reader_client(args)
     assert reader_client(GRPOScriptArguments(reward_funcs=["format"])) is None
+
+
+@pytest.mark.parametrize("default", ["top-days", "none"])
+def test_evidence_advantage_is_relative_to_the_default_on_the_same_question(small_world, default):
+    """Copying the default source earns exactly 0 on every question; gold windows earn what
+    they retrieve beyond it; a malformed answer is scored as the semantic path serving would
+    take (its loss to the default), not as 0; the oracle cannot be the default."""
+    from tider.locator.sources import make_source
+    from tider.scoring import evidence_coverage
+
+    ds, store = small_world
+    queries = [q for q in ds.queries if q.gold.temporal and q.gold.evidence_ids][:40]
+    assert len(queries) >= 20
+    ctx = RewardContext(dataset=ds, store=store, k=5, default_source=default)
+    copied = [
+        json.dumps(make_source(default).predict(q.public(), store).to_json("day")).replace("T00:00", "")
+        for q in queries
+    ]
+    gold_texts, golds = zip(*(_gold_json(q) for q in queries))
+    n = len(queries)
+    columns = {
+        "query_key": [q.key for q in queries] * 3,
+        "memory_key": [q.memory_key for q in queries] * 3,
+        "evidence_ids": [list(q.gold.evidence_ids) for q in queries] * 3,
+    }
+    out, _, _ = _call(
+        ["evidence_advantage"],
+        copied + list(gold_texts) + [GARBAGE] * n,
+        list(golds) * 3,
+        [True] * 3 * n,
+        ctx=ctx,
+        **columns,
+    )
+    adv = out["evidence_advantage"]
+    assert adv[:n] == [0.0] * n  # matching the default earns nothing
+    for q, got_gold, got_bad in zip(queries, adv[n : 2 * n], adv[2 * n :]):
+        cov = {
+            name: evidence_coverage(store.retrieve(q.public(), pred, 5)[0].tolist(), q.gold.evidence_ids, 5)
+            for name, pred in [
+                ("default", make_source(default).predict(q.public(), store)),
+                ("gold", WindowPrediction(True, tuple(q.gold.windows))),
+                ("none", WindowPrediction(False)),
+            ]
+        }
+        assert got_gold == pytest.approx(cov["gold"] - cov["default"])
+        assert got_bad == pytest.approx(cov["none"] - cov["default"])
+    assert sum(adv[n : 2 * n]) > 0  # gold windows beat the default on the crowded synthetic data
+    if default == "top-days":
+        assert any(v != 0 for v in adv[2 * n :])  # the fallback is scored, not taken as a copy of the default
+    with pytest.raises(ValueError, match="evaluation-only"):
+        bad = RewardContext(dataset=ds, store=store, default_source="oracle")
+        _call(["evidence_advantage"], [GARBAGE], [golds[0]], [True], ctx=bad, **{k: v[:1] for k, v in columns.items()})

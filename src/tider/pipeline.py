@@ -268,11 +268,12 @@ class Serve:
 @dataclass
 class Compare:
     """``tider eval compare`` (``run_compare``) into ``out/folder`` with ``config``, its
-    locator the run's served model, else its latest one. ``memory_keys`` picks the memories
+    locator ``locator``, else the run's served model, else its latest one. ``memory_keys`` picks the memories
     once the run knows them (e.g. from the export's split seed); ``dataset`` None: the run's."""
 
     config: Any  # tider.eval.compare.CompareConfig
     folder: str = "compare"
+    locator: dict | None = None  # the locator's source options; None: the run's served or latest model
     memory_keys: Callable[[Run], Sequence[str] | None] | None = None
     dataset: Any = None
     overwrite: bool = False
@@ -283,7 +284,8 @@ class Compare:
     def __call__(self, run: Run) -> None:
         from tider.eval.compare import run_compare
 
-        options = {**self.config.source_options, "locator": run.locator or {"model": str(run.model)}}
+        locator = self.locator or run.locator or {"model": str(run.model)}
+        options = {**self.config.source_options, "locator": locator}
         keys = self.memory_keys(run) if self.memory_keys else self.config.memory_keys
         config = replace(self.config, source_options=options, memory_keys=keys)
         dataset, data_path = (run.dataset, run.data_path) if self.dataset is None else (self.dataset, None)

@@ -95,11 +95,14 @@ def run(args) -> int:
     os.environ.setdefault("WANDB_MODE", "offline")
     done = pipeline.run(_stages(args, out), out)
     _report(done.results["compare"], out, done.times)
+    _report_grpo(out)
     return 0
 
 
 def _stages(args, out: Path) -> list:
     """The demo's pipeline: its dataset, the named recipes and the comparison's options."""
+    from dataclasses import replace
+
     import yaml
 
     from tider.eval.compare import CompareConfig
@@ -135,6 +138,18 @@ def _stages(args, out: Path) -> list:
         # overwrite: the locator behind the URL may be a new model (or the port a new one).
         Compare(
             compare, memory_keys=_split_keys(args.split), overwrite=True, title=f"compare on the {args.split} split"
+        ),
+        # What GRPO did: the SFT checkpoint on the same questions (local transformers, the
+        # same greedy decoding), paired with the GRPO export in the report.
+        Compare(
+            replace(compare, baselines=[], oracle=False),
+            folder="compare-sft",
+            locator={"model": str(out / "sft")},
+            memory_keys=_split_keys(args.split),
+            overwrite=True,
+            progress=False,
+            name="compare-sft",
+            title="the SFT checkpoint on the same questions",
         ),
     ]
 
@@ -196,4 +211,20 @@ def _report(comparison: dict, out: Path, times: dict) -> None:
     console.print(
         f"report: {out / 'compare' / 'compare.md'}; plots: {out / 'compare'}/compare.png, "
         f"{out / 'compare' / 'retrieval'}/*.png"
+    )
+
+
+def _report_grpo(out: Path) -> None:
+    """SFT against SFT+GRPO on the same held-out questions: recall@20 of each, the paired
+    difference with its 95% bootstrap interval, McNemar on hit_all@20; written to
+    ``compare/grpo_vs_sft.json`` whatever its sign."""
+    from tider.eval.compare import paired_locators
+
+    paired = paired_locators(out / "compare-sft", out / "compare")
+    (out / "compare" / "grpo_vs_sft.json").write_text(json.dumps(paired, indent=2))
+    d, m = paired["after_minus_before"], paired["mcnemar"]
+    print(
+        f"SFT vs SFT+GRPO, {paired['n']} held-out questions: recall@20 {paired['recall@20']['before']:.3f} -> "
+        f"{paired['recall@20']['after']:.3f}, GRPO - SFT {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] "
+        f"(95% paired bootstrap); hit_all@20 McNemar b {m['b']} / c {m['c']}, p {m['p']:.3g}"
     )

@@ -336,3 +336,32 @@ def run_qa(dataset: Dataset, config: CompareConfig, out: Path, qa: dict, data_pa
     return run_qa_eval(
         dataset, qa_config, out, qa["reader"], qa["judge"], data_path=data_path, overwrite=overwrite, progress=progress
     )
+
+
+def paired_locators(before: str | Path, after: str | Path, k: int = 20, method: str = LEARNED) -> dict:
+    """Two comparisons' locators on the same questions (e.g. SFT, then SFT+GRPO): each one's
+    mean per-question recall@k, the paired difference ``after - before`` with its 95%
+    bootstrap interval, and exact McNemar on hit_all@k (b: ``after`` finds all, ``before``
+    not). Reads the ``retrieve-<method>.jsonl`` records under each ``retrieval/`` folder."""
+    from tider.eval.runner import read_records
+    from tider.eval.stats import mcnemar_exact, paired_bootstrap_ci
+
+    def ok(folder) -> dict:
+        path = Path(folder) / "retrieval" / f"retrieve-{method}.jsonl"
+        return {key: r["record"] for key, r in read_records(path).items() if r.get("status") == "ok"}
+
+    a, b = ok(before), ok(after)
+    keys = sorted(key for key in a.keys() & b.keys() if a[key]["n_gold"])
+    if not keys:
+        raise ValueError(f"no question with gold evidence is scored in both {before} and {after}")
+    recall = {
+        name: [rs[key][f"hits@{k}"] / rs[key]["n_gold"] for key in keys] for name, rs in (("before", a), ("after", b))
+    }
+    return {
+        "n": len(keys),
+        f"recall@{k}": {name: sum(v) / len(v) for name, v in recall.items()},
+        "after_minus_before": paired_bootstrap_ci([y - x for x, y in zip(recall["before"], recall["after"])]),
+        "mcnemar": mcnemar_exact(
+            [bool(b[key][f"all@{k}"]) for key in keys], [bool(a[key][f"all@{k}"]) for key in keys]
+        ),
+    }

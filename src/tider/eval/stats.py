@@ -1,9 +1,12 @@
-"""Paired significance: exact McNemar test (TIDER Table 15 style: b, c, p)."""
+"""Paired significance: exact McNemar test (TIDER Table 15 style: b, c, p), and the paired
+bootstrap of a mean difference (GRPO - SFT on the same questions)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from itertools import combinations
+
+import numpy as np
 
 
 def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict:
@@ -36,3 +39,13 @@ def mcnemar_markdown(title: str, first_column: str, tests: Mapping[str, dict], o
         return []
     lines = ["", f"## {title}", "", orientation, "", f"| {first_column} | b | c | p |", "|---|---|---|---|"]
     return lines + [f"| {name} | {v['b']} | {v['c']} | {v['p']:.3g} |" for name, v in tests.items()]
+
+
+def paired_bootstrap_ci(diffs, n_boot: int = 10_000, seed: int = 0, alpha: float = 0.05) -> dict:
+    """Mean of the paired differences ``diffs`` and its percentile bootstrap ``1 - alpha``
+    interval (``n_boot`` resamples of the pairs, seeded): ``{"mean", "ci_low", "ci_high", "n"}``."""
+    diffs = np.asarray(diffs, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = diffs[rng.integers(0, len(diffs), size=(n_boot, len(diffs)))].mean(axis=1)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return {"mean": float(diffs.mean()), "ci_low": float(lo), "ci_high": float(hi), "n": len(diffs)}

@@ -134,6 +134,13 @@ class GRPOScriptArguments(LocatorScriptArguments):
     dar_factor_2: float = 1.0
     dar_factor_3plus: float = 4.0
     retrieval_k: int = field(default=20, metadata={"help": "k for evidence_coverage / answer rewards (TIDER: 20)."})
+    reward_default_source: str = field(
+        default="top-days",
+        metadata={
+            "help": "Learning-free window source that evidence_advantage measures against (none, rules, top-day, "
+            "top-days, ...): matching it earns nothing."
+        },
+    )
     proximity_tau: float = field(default=7.0, metadata={"help": "proximity reward scale, in granularity units."})
     reader_model: str | None = field(
         default=None,

@@ -29,6 +29,7 @@ def reward_context(script_args, dataset, store=None) -> RewardContext:
         proximity_tau_units=script_args.proximity_tau,
         reader=reader_client(script_args),
         store=store,
+        default_source=script_args.reward_default_source,
     )
 
 

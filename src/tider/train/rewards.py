@@ -12,11 +12,13 @@ TRL 1.16 calls every reward as ``f(prompts=, completions=, completion_ids=,
 | ``window_iou`` | r_win | ``scoring.window_iou`` at the data's granularity (no windows on both sides: 1) |
 | ``evidence_coverage`` | r_evd | gold evidence in the top-k the prediction retrieves |
 | ``evidence_gain`` | r_evd, shortcut-proof | that coverage minus the semantic channel's alone |
+| ``evidence_advantage`` | r_evd, relative | that coverage minus the default source's (``top-days``), same question |
 | ``answer_correct`` | r_out | a reader LLM answers from the retrieved evidence; the QA evaluation's answer F1 |
 | ``answer_span`` | r_out proxy | share of gold-answer tokens in the retrieved text (no LLM) |
 | ``proximity`` | Memory-T1 R_s | smooth distance-to-gold, ``2 / (1 + exp(d / tau))`` (1 when touching) |
 
-Every reward is 0 for a malformed completion; ``answer_correct`` is ``None`` (no reward,
+Every reward is 0 for a malformed completion (``evidence_advantage``: the semantic
+channel's loss to the default, what serving does with it); ``answer_correct`` is ``None`` (no reward,
 TRL skips it) where the reader itself failed. The first configured reward also logs
 ``parse/<reason>`` (fraction of the batch per failure reason) via ``log_metric`` and a
 ``parse_failure`` column in the completions table via ``log_extra``, exactly once per batch.
@@ -68,9 +70,11 @@ class RewardContext:
     reader: Any = None  # an LLMClient for answer_correct
     check_memory_span: bool = True
     store: Any = None  # a MemoryCollection; built from dataset.memories + retrieval_config on first use if None
+    default_source: str = "top-days"  # the learning-free window source evidence_advantage measures against
     _queries: dict = field(default_factory=dict, repr=False)
     _retrieved_cache: dict = field(default_factory=dict, repr=False)
     _answer_cache: dict = field(default_factory=dict, repr=False)
+    _defaults: dict = field(default_factory=dict, repr=False)
 
     def require_dataset(self, reward: str) -> Dataset:
         if self.dataset is None:
@@ -99,6 +103,17 @@ class RewardContext:
             ids = ids.tolist() if hasattr(ids, "tolist") else ids
             self._retrieved_cache[key] = list(ids)
         return self._retrieved_cache[key]
+
+    def default_prediction(self, reward: str, query_key: str) -> WindowPrediction:
+        """What ``default_source`` answers for the query (computed once per query)."""
+        if query_key not in self._defaults:
+            from tider.locator.sources import SOURCES, ensure_not_evaluation_only
+
+            ensure_not_evaluation_only(SOURCES.get(self.default_source))  # the oracle would put gold in the baseline
+            source = SOURCES.get(self.default_source)()
+            q = self.query(reward, query_key)
+            self._defaults[query_key] = source.predict(q.public(), self.get_store(reward))
+        return self._defaults[query_key]
 
     def coverage(self, reward: str, query_key: str, prediction: WindowPrediction, gold_ids: Sequence[int]) -> float:
         """Share of the gold evidence in the top-k the prediction retrieves (r_evd)."""
@@ -225,6 +240,25 @@ def _evidence_gain(completions, *, ctx, parsed, query_key, evidence_ids, **kw) -
             continue
         base = ctx.retrieved("evidence_gain", qk, NON_TEMPORAL)
         out.append(scoring.evidence_gain(ctx.retrieved("evidence_gain", qk, p.prediction), base, gold_ids, ctx.k))
+    return out
+
+
+@register_reward("evidence_advantage")
+def _evidence_advantage(completions, *, ctx, parsed, query_key, evidence_ids, **kw) -> list[float]:
+    """Coverage of the retrieval the prediction drives *minus* that of the default
+    learning-free source (``RewardContext.default_source``, ``top-days``) on the same
+    question, in [-1, 1]: matching the default earns nothing, beating it earns, losing to it
+    costs, so a policy that copies the best rule gets no reward from here. A malformed
+    completion is scored as what serving does with it, the semantic channel alone (its
+    coverage minus the default's), not as 0, which would equal copying the default."""
+    out = []
+    for p, qk, gold_ids in zip(parsed, query_key, evidence_ids):
+        if not gold_ids:
+            out.append(0.0)
+            continue
+        base = ctx.retrieved("evidence_advantage", qk, ctx.default_prediction("evidence_advantage", qk))
+        mine = ctx.retrieved("evidence_advantage", qk, p.prediction if p.ok else NON_TEMPORAL)
+        out.append(scoring.evidence_gain(mine, base, gold_ids, ctx.k))
     return out
 
 
