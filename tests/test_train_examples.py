@@ -127,6 +127,41 @@ def test_gold_answer_points_at_the_tightest_reference():
     assert gold_answer(none, table, "day") == {"temporal": False, "windows": []}
 
 
+def test_reach_counts_what_the_prompt_can_express():
+    """Issue 45 item 2: per question, gold windows a line or cue touches or covers exactly,
+    and whether the target names them all; shares pooled and per dataset."""
+    from datetime import datetime
+
+    from tider.locator.parse import Refs
+    from tider.train.examples import gold_answer, reach, reachability
+    from tider.types import Gold, Query, Window
+
+    day = lambda d: Window(datetime(2023, 5, d), datetime(2023, 5, d, 23, 59, 59, 999999))
+    week = Window(datetime(2023, 5, 1), datetime(2023, 5, 7, 23, 59, 59, 999999))
+    table = Refs(lines=(day(1), day(3)), cues=(week,), marks=())
+    q = lambda key, *days: Query(
+        key, "m" + key, "?", datetime(2023, 5, 10), gold=Gold(windows=tuple(day(d) for d in days), temporal=True)
+    )
+    rows = {}
+    for query in (q("a", 3), q("b", 5), q("c", 1, 20)):
+        rows[query.key] = reach(query, table, gold_answer(query, table, "day"), "day")
+    assert rows["a"] == {"gold": 1, "touched": 1, "exact": 1, "whole": True, "abstain": False}
+    assert rows["b"] == {"gold": 1, "touched": 1, "exact": 0, "whole": True, "abstain": False}  # inside the week
+    assert rows["c"] == {"gold": 2, "touched": 1, "exact": 1, "whole": False, "abstain": False}  # May 20 is dropped
+    assert reach(Query("n", "m", "?", datetime(2023, 5, 10), gold=Gold(temporal=False)), table, {}, "day") == {}
+    records = [{"query_key": k, "reach": r} for k, r in rows.items()] + [{"query_key": "n", "reach": {}}]
+    shares = reachability(records, {"one": ["ma", "mb"], "two": ["mc"]}, {k: "m" + k for k in "abcn"})
+    assert shares["pooled"] == {
+        "questions": 3,
+        "gold_windows": 4,
+        "gold_windows_touched": 0.75,
+        "gold_windows_exact": 0.5,
+        "targets_whole": pytest.approx(2 / 3),
+        "targets_abstain": 0.0,
+    }
+    assert shares["one"]["questions"] == 2 and shares["two"]["gold_windows_touched"] == 0.5
+
+
 def test_train_only_conversations_never_reach_validation_or_test(small):
     from tider.train.data import with_train_conversations
 

@@ -202,19 +202,68 @@ class PromptBuilder:
 
 
 def sft_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
-    """TRL conversational prompt-completion records with the target answer as the completion."""
+    """TRL conversational prompt-completion records with the target answer as the completion,
+    each with what its prompt can express of the gold (``reach``, see ``reach``)."""
     records = []
     for q in queries:
         table = builder.build(q)
+        target = builder.target(q, table)
         records.append(
             {
                 "prompt": table.messages,
-                "completion": [{"role": "assistant", "content": json.dumps(builder.target(q, table))}],
+                "completion": [{"role": "assistant", "content": json.dumps(target)}],
                 "query_key": q.key,
                 "category": q.category or "",
+                "reach": reach(q, table, target, builder.dataset.granularity),
             }
         )
     return records
+
+
+def reach(query: Query, table, target: dict, granularity) -> dict:
+    """What one prompt can express of a temporal question's gold windows: how many there
+    are, how many a line or cue touches (IoU > 0: ``gold_answer`` can point at them) and
+    how many one reference covers exactly (IoU 1), and whether the target names them all
+    or abstains. Non-temporal questions: ``{}``."""
+    if not query.gold.temporal or not query.gold.windows:
+        return {}
+    best = [
+        max((_iou(ref, g, granularity) for ref in (*table.lines, *table.cues)), default=0.0) for g in query.gold.windows
+    ]
+    touched = sum(b > 0 for b in best)
+    return {
+        "gold": len(best),
+        "touched": touched,
+        "exact": sum(b >= 1.0 for b in best),
+        "whole": bool(target["temporal"]) and touched == len(best),
+        "abstain": not target["temporal"],
+    }
+
+
+def reachability(records: Sequence[dict], groups: dict | None = None, memory_of: dict | None = None) -> dict:
+    """Shares over SFT records (``sft_records``), pooled and per dataset (``groups``: dataset
+    name -> memory keys, ``memory_of``: query key -> memory key): of the gold windows, those
+    the prompt touches and those it can say exactly; of the temporal questions, those whose
+    target names every gold window and those whose target abstains."""
+
+    def shares(rows: list[dict]) -> dict:
+        rows = [r for r in rows if r]
+        windows = sum(r["gold"] for r in rows)
+        return {
+            "questions": len(rows),
+            "gold_windows": windows,
+            "gold_windows_touched": sum(r["touched"] for r in rows) / windows if windows else None,
+            "gold_windows_exact": sum(r["exact"] for r in rows) / windows if windows else None,
+            "targets_whole": sum(r["whole"] for r in rows) / len(rows) if rows else None,
+            "targets_abstain": sum(r["abstain"] for r in rows) / len(rows) if rows else None,
+        }
+
+    out = {"pooled": shares([r.get("reach", {}) for r in records])}
+    where = {key: name for name, keys in (groups or {}).items() for key in keys}
+    for name in groups or {}:
+        part = [r.get("reach", {}) for r in records if where.get((memory_of or {}).get(r["query_key"])) == name]
+        out[name] = shares(part)
+    return out
 
 
 def reward_columns(q: Query, table, granularity, target: dict) -> dict:

@@ -5,10 +5,12 @@ recipe does so that a from-scratch model also learns to read the timeline dates.
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 from tider.train.data import eval_queries, to_hf
-from tider.train.examples import sft_records
+from tider.train.examples import reachability, sft_records
 from tider.train.stage import prepare, start_wandb_run, train_and_save
 
 logger = logging.getLogger(__name__)
@@ -32,7 +34,9 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
     dataset, store, tokenizer, builder, splits = prepare(
         script_args, model_path, stage="sft", dataset=dataset, store=store, training_args=training_args
     )
-    train = to_hf(sft_records(splits["train"], builder), script_args.max_train_samples, ["prompt", "completion"])
+    records = sft_records(splits["train"], builder)
+    report_reachability(records, dataset, training_args)
+    train = to_hf(records, script_args.max_train_samples, ["prompt", "completion"])
     evaluate = training_args.eval_strategy != "no"
     val = None
     if evaluate:
@@ -48,3 +52,30 @@ def run_sft(script_args, training_args, model_args, *, dataset=None, store=None)
         peft_config=get_peft_config(model_args),
     )
     return train_and_save(trainer, "sft", script_args, training_args, dataset, store, tokenizer, splits, run=run)
+
+
+def report_reachability(records, dataset, training_args) -> dict:
+    """How much of the gold the training prompts can express (``examples.reachability``),
+    pooled and per dataset: logged, and written to ``output_dir/reachability.json``. A gold
+    window no line or cue touches is a target SFT cannot teach."""
+    from tider.data import MEMORIES_OF
+
+    groups = dataset.stats.get(MEMORIES_OF) or {dataset.name: list(dataset.memories)}
+    shares = reachability(records, groups, {q.key: q.memory_key for q in dataset.queries})
+    for name, row in shares.items():
+        if row["gold_windows"]:
+            logger.info(
+                "reachability (%s, train): %d temporal questions; gold windows touched %.3f, exact %.3f; "
+                "targets naming every gold window %.3f, abstaining %.3f",
+                name,
+                row["questions"],
+                row["gold_windows_touched"],
+                row["gold_windows_exact"],
+                row["targets_whole"],
+                row["targets_abstain"],
+            )
+    if training_args.process_index == 0:
+        out = Path(training_args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "reachability.json").write_text(json.dumps(shares, indent=2))
+    return shares
