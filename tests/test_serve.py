@@ -60,6 +60,15 @@ def test_command_line_for_cpu_venv(export_dir, monkeypatch):
     assert json.loads(config) == {"backend": "xgrammar"}
 
 
+def test_the_policy_server_never_takes_the_llm_providers_key(export_dir, monkeypatch):
+    """Issue 43 item 2: with OPENAI_API_KEY in the submitting shell (the judge's), a
+    ``--for-trl`` server requires no key (TRL's client sends none); ``--api-key`` still sets one."""
+    monkeypatch.setenv("OPENAI_API_KEY", "provider-key")
+    assert serve.make_server(_args("--model", str(export_dir), "--for-trl")).api_key is None
+    assert serve.make_server(_args("--model", str(export_dir), "--for-trl", "--api-key", "k")).api_key == "k"
+    assert serve.make_server(_args("--model", str(export_dir))).api_key == "provider-key"  # the locator's server
+
+
 def test_command_line_for_vllm_serve(export_dir):
     cmd = serve.make_server(
         _args("--model", str(export_dir), "--launcher", "vllm-serve", "--host", "0.0.0.0")

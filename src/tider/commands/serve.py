@@ -35,8 +35,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--api-key",
         default=None,
-        help="require this bearer key (default: $OPENAI_API_KEY, the key the locator's clients send; "
-        "prefer the env var, argv is visible in ps)",
+        help="require this bearer key (default: $OPENAI_API_KEY, the key the locator's clients send; none with "
+        "--for-trl, whose TRL client sends none; prefer the env var, argv is visible in ps)",
     )
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per replica (GPU builds)")
@@ -90,6 +90,18 @@ def _launch_options(p) -> None:
     p.add_argument("--print-command", action="store_true", help="print the server command and exit")
 
 
+def server_key(args) -> str | None:
+    """The bearer key the server requires: ``--api-key``, else ``$OPENAI_API_KEY`` (the key the
+    locator's clients send), never ``TIDER_API_KEY`` (the memory service's). A ``--for-trl``
+    policy server takes ``--api-key`` only: TRL's client sends no key, so the LLM provider's
+    key in the submitting shell would make every weight sync and generation a 401."""
+    from tider.llm.backends import LLM_API_KEY_ENV
+
+    if args.api_key or getattr(args, "for_trl", False):
+        return args.api_key
+    return os.environ.get(LLM_API_KEY_ENV)
+
+
 def server_args(args) -> list[str]:
     """Flags beyond model/host/port/name/key/max-len, in the vLLM spelling."""
     if getattr(args, "for_trl", False):
@@ -131,7 +143,6 @@ def model_source(model: str) -> str:
 
 
 def make_server(args):
-    from tider.llm.backends import LLM_API_KEY_ENV
     from tider.llm.vllm_server import VLLMServer
 
     class LocatorServer(VLLMServer):
@@ -153,7 +164,7 @@ def make_server(args):
         host=args.host,
         port=args.port,
         served_model_name=args.served_model_name,
-        api_key=args.api_key or os.environ.get(LLM_API_KEY_ENV),  # not TIDER_API_KEY: the memory service's
+        api_key=server_key(args),
         max_model_len=args.max_model_len,
         python=args.vllm_python,
         extra_args=server_args(args),
