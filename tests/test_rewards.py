@@ -225,9 +225,9 @@ def test_the_wide_window_shortcut_earns_less_than_a_precise_window(small_world):
 
 
 def test_answer_correct_with_a_dead_reader_gives_counted_no_rewards(small_world):
-    """A reader that stops answering mid-training: bounded retries per request, then no
-    reward (``None``: TRL leaves it out of the sum; a 0 would train toward a dead reader),
-    counted in reader/failures, and no hang (nothing listens on the port)."""
+    """A reader that stops answering mid-training: bounded retries per request, then the
+    group's mean (``group_mean_fill``; ``None`` for a group with nothing scored), counted in
+    reader/failures, and no hang (nothing listens on the port)."""
     import time
 
     from tider.llm.backends import OpenAIBackend
@@ -249,7 +249,8 @@ def test_answer_correct_with_a_dead_reader_gives_counted_no_rewards(small_world)
     t0 = time.monotonic()
     out, logged, _ = _call(["answer_correct"], [text, GARBAGE], [gold] * 2, [True] * 2, ctx=ctx, **args)
     assert time.monotonic() - t0 < 30
-    assert out["answer_correct"] == [None, 0.0]  # the reader failed / the completion did not parse
+    # the reader failed: scored as its group's mean (the unparsed completion's 0.0)
+    assert out["answer_correct"] == [0.0, 0.0]
     assert logged["reader/failures"] == 1.0 and logged["reader/calls"] == 1.0
     usage = reader.usage_by_stage()["reward_reader"]
     assert usage["errors"] == 1 and usage["attempts"] == 3  # 1 call + 2 bounded retries
@@ -322,3 +323,35 @@ def test_evidence_advantage_is_relative_to_the_default_on_the_same_question(smal
     with pytest.raises(ValueError, match="evaluation-only"):
         bad = RewardContext(dataset=ds, store=store, default_source="oracle")
         _call(["evidence_advantage"], [GARBAGE], [golds[0]], [True], ctx=bad, **{k: v[:1] for k, v in columns.items()})
+
+
+def test_a_failed_reader_call_is_neither_rewarded_nor_penalized():
+    """Issue 43 item 4, with TRL's aggregation (``sum_then_normalize``: weighted ``nansum``,
+    then group centring and scaling): in a group where one completion's reader call failed,
+    its advantage is what its other rewards alone give it. Left as ``None`` it would count as
+    0 beside its group's scores."""
+    import torch
+    from trl.trainer.utils import nanstd
+
+    weights = torch.tensor([0.5, 1.0, 1.0])  # format, window_iou, answer_correct
+    format_, iou = [1.0, 1.0, 1.0, 0.0], [0.8, 0.4, 0.4, 0.0]
+    answer = [0.9, None, 0.3, 0.0]  # the second completion's reader call failed
+
+    def advantages(answer_column):
+        per_func = torch.tensor([format_, iou, [math.nan if a is None else a for a in answer_column]]).T
+        rewards = (per_func * weights).nansum(dim=1)  # TRL 1.16, GRPOTrainer._generate_and_score_completions
+        centred = rewards - torch.nanmean(rewards)
+        return centred, centred / (nanstd(rewards) + 1e-4)
+
+    filled = R.group_mean_fill(answer, ["q"] * 4)
+    assert filled[1] == pytest.approx(0.4)  # the mean of the three scored calls
+    centred, adv = advantages(filled)
+    others = weights[0] * torch.tensor(format_) + weights[1] * torch.tensor(iou)
+    # the failed completion's answer term sits at its group's mean: its centred reward is its other rewards'
+    assert centred[1].item() == pytest.approx((others[1] - others.mean()).item(), abs=1e-6)
+    naive, _ = advantages(answer)  # None left in place: nansum makes it a 0 answer
+    assert naive[1].item() < centred[1].item() - 0.3
+    assert adv[1].item() == pytest.approx(
+        centred[1].item() / (nanstd(others + weights[2] * torch.tensor(filled)).item() + 1e-4)
+    )
+    assert R.group_mean_fill([None, None, 0.5], ["a", "a", "b"]) == [None, None, 0.5]  # nothing scored in group a

@@ -18,8 +18,9 @@ TRL 1.16 calls every reward as ``f(prompts=, completions=, completion_ids=,
 | ``proximity`` | Memory-T1 R_s | smooth distance-to-gold, ``2 / (1 + exp(d / tau))`` (1 when touching) |
 
 Every reward is 0 for a malformed completion (``evidence_advantage``: the semantic
-channel's loss to the default, what serving does with it); ``answer_correct`` is ``None`` (no reward,
-TRL skips it) where the reader itself failed. The first configured reward also logs
+channel's loss to the default, what serving does with it); ``answer_correct`` is its
+group's mean where the reader itself failed (neither rewarded nor penalized; ``None`` if the
+whole group failed). The first configured reward also logs
 ``parse/<reason>`` (fraction of the batch per failure reason) via ``log_metric`` and a
 ``parse_failure`` column in the completions table via ``log_extra``, exactly once per batch.
 """
@@ -286,9 +287,10 @@ def _answer_correct(completions, *, ctx, parsed, query_key, answer, log_metric=N
     reward optimises the number the evaluation reports. Memoized by (query, retrieved ids),
     since a group's completions often retrieve the same set; the batch's new pairs go to the
     reader concurrently (``LLMClient.chat_batch``). A call that still fails after the
-    client's bounded retries is a typed failure, not an answer: its reward is ``None``, which
-    TRL leaves out of the weighted sum (a dead reader scored 0 would train the policy toward
-    nothing), counted in ``reader/failures`` and not cached (the next batch asks again)."""
+    client's bounded retries is a typed failure, not an answer: counted in ``reader/failures``,
+    not cached (the next batch asks again), and scored as its group's mean
+    (``group_mean_fill``: neither rewarded nor penalized; ``None`` where the whole group's
+    calls failed, which TRL leaves out when every reward is ``None``)."""
     if ctx.reader is None:
         raise ValueError(
             "reward 'answer_correct' needs RewardContext(reader=LLMClient(...)); use 'answer_span' as the cheap proxy"
@@ -327,7 +329,23 @@ def _answer_correct(completions, *, ctx, parsed, query_key, answer, log_metric=N
     if log_metric is not None:
         log_metric("reader/failures", float(sum(k in failed for k in keys)))
         log_metric("reader/calls", float(len(todo)))
-    return [0.0 if k is None else None if k in failed else scores.get(k, ctx._answer_cache.get(k)) for k in keys]
+    values = [0.0 if k is None else None if k in failed else scores.get(k, ctx._answer_cache.get(k)) for k in keys]
+    return group_mean_fill(values, query_key)
+
+
+def group_mean_fill(values: list[float | None], groups: Sequence) -> list[float | None]:
+    """Each ``None`` (a failed reader call) replaced by the mean of the scored values of its
+    group (the completions of the same prompt in this batch), so that under TRL's group
+    centring it is neither rewarded nor penalized: its advantage comes from its other rewards
+    alone. TRL sums rewards with ``nansum``, so a ``None`` left in place would count as 0
+    beside its group's scores. A group with no scored value keeps its ``None``s."""
+    by_group: dict = {}
+    for v, g in zip(values, groups):
+        if v is not None:
+            by_group.setdefault(g, []).append(v)
+    return [
+        v if v is not None or g not in by_group else sum(by_group[g]) / len(by_group[g]) for v, g in zip(values, groups)
+    ]
 
 
 def _reader_messages(dataset: Dataset, query, ids) -> list[dict]:
