@@ -45,6 +45,8 @@ def test_server_mode_last_node_serves_the_others_train():
     assert "tider serve --for-trl" in server and flag(server, "--model") == model
     assert flag(server, "--host") == "0.0.0.0" and flag(server, "--port") == "8000"
     assert flag(server, "--tensor-parallel-size") == "2" and server.startswith("CUDA_VISIBLE_DEVICES=0,1 ")
+    # the recipe's length, as the colocated engine gets it (issue 43 item 6), not tider serve's 4096
+    assert flag(server, "--max-model-len") == str(yaml.safe_load((ROOT / recipe).read_text())["vllm_max_model_length"])
     assert "trl vllm-serve" not in out and "data_parallel" not in out  # deprecated; DP errors for dense models
     assert "tider serve --skip-check" in reader and reader.startswith("CUDA_VISIBLE_DEVICES=7 ")
     assert flag(reader, "--port") == "8001" and flag(reader, "--model") == "Qwen/Qwen3-8B"

@@ -32,9 +32,10 @@ trap 'exit 143' TERM
 
 first=0  # next free GPU for vllm/trainer
 if has vllm; then
+    # The recipe's vllm_max_model_length, as the colocated engine gets it (else tider serve's 4096).
     run "$(take 0 "$TIDER_VLLM_TP")" bg tider serve --for-trl --model "$TIDER_VLLM_MODEL" --host 0.0.0.0 \
         --port "$TIDER_VLLM_PORT" --tensor-parallel-size "$TIDER_VLLM_TP" --startup-timeout 1800 \
-        --log "$TIDER_LOG_DIR/vllm.log"
+        ${TIDER_VLLM_MAX_LEN:+--max-model-len "$TIDER_VLLM_MAX_LEN"} --log "$TIDER_LOG_DIR/vllm.log"
     first=$TIDER_VLLM_TP
 fi
 if has reader; then
