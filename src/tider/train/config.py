@@ -121,9 +121,10 @@ class GRPOScriptArguments(LocatorScriptArguments):
     """GRPO-only options: rewards, DAR, and what the retrieval-based rewards use."""
 
     reward_funcs: list[str] = field(
-        # The production recipe's list: evidence_gain, not evidence_coverage, which a window
-        # spanning the whole memory wins (docs/experiments.md, "rewards a shortcut cannot win").
-        default_factory=lambda: ["format", "switch", "window_iou", "evidence_gain", "answer_correct"],
+        # The production recipe's list: evidence_advantage (coverage over the default source's on
+        # the same question), not evidence_coverage, which a window spanning the whole memory
+        # wins (docs/experiments.md, "rewards a shortcut cannot win").
+        default_factory=lambda: ["format", "switch", "window_iou", "evidence_advantage", "answer_correct"],
         metadata={"help": "Reward names from tider.train.rewards; weights go in reward_weights (GRPOConfig)."},
     )
     dar: bool = field(
