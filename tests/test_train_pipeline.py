@@ -113,6 +113,11 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
         "3",
         "--use_vllm",
         "false",
+        # the recipe's 8 train-only conversations off: 150 SFT steps of a 64-wide model answer
+        # unparsably on conversations they never saw, so every group would score 0 and no
+        # weight could move (tests/test_recipes.py runs the recipe with them)
+        "--synthetic_train_conversations",
+        "0",
         *DATA,
     ]
     # In-training evaluation on held-out prompts (a seeded sample of validation), at the start
