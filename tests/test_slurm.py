@@ -149,6 +149,26 @@ def test_grpo_one_node_colocate_with_the_launchers_reader(production_sft, recipe
     assert '"failure"' in served.stdout and "serving" in served.stdout
 
 
+def test_a_server_that_dies_ends_the_job_naming_it(production_sft, recipe_work, recipe_data):
+    """Issue 43 item 5: a reader that cannot start (here a model never staged, read offline)
+    ends the job with the reader's name and log, instead of the trainer waiting out its
+    reader_wait_timeout (set to 20 minutes here) for a server that is gone."""
+    out = recipe_work / "qwen3-grpo-dead-reader"
+    status, log, server_logs = sbatch(
+        1,
+        *grpo_job("configs/grpo/qwen3-1.7b.yaml", production_sft[0], out, recipe_data),
+        "--reader_wait_timeout",
+        "1200",
+        work=recipe_work,
+        env={"GPUS_PER_NODE": "2", "READER_MODEL": "Qwen/Qwen3-8B", "TIDER_WATCH_INTERVAL": "1"},
+    )
+    assert status != 0
+    assert "the reader server on 127.0.0.1 exited" in log and "reader.log" in log, log[-4000:]
+    assert "ReaderUnavailable" not in log  # the trainer was stopped, not timed out
+    assert "Qwen/Qwen3-8B" in (server_logs / "reader.log").read_text(errors="replace")
+    assert not (out / "model.safetensors").exists()
+
+
 def test_grpo_three_nodes_server_mode(production_sft, recipe_work, recipe_data, tiny_qwen3_dir):
     out = recipe_work / "qwen3-grpo-multinode"
     status, log, server_logs = sbatch(

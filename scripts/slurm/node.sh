@@ -31,11 +31,13 @@ trap stop_servers EXIT
 trap 'exit 143' TERM
 
 first=0  # next free GPU for vllm/trainer
+SERVERS=()  # "role pid" of the servers this step started
 if has vllm; then
     # The recipe's vllm_max_model_length, as the colocated engine gets it (else tider serve's 4096).
     run "$(take 0 "$TIDER_VLLM_TP")" bg tider serve --for-trl --model "$TIDER_VLLM_MODEL" --host 0.0.0.0 \
         --port "$TIDER_VLLM_PORT" --tensor-parallel-size "$TIDER_VLLM_TP" --startup-timeout 1800 \
         ${TIDER_VLLM_MAX_LEN:+--max-model-len "$TIDER_VLLM_MAX_LEN"} --log "$TIDER_LOG_DIR/vllm.log"
+    SERVERS+=("vllm $!")
     first=$TIDER_VLLM_TP
 fi
 if has reader; then
@@ -44,9 +46,31 @@ if has reader; then
         --model "$TIDER_READER_MODEL" --served-model-name "$TIDER_READER_MODEL" --host 0.0.0.0 \
         --port "$TIDER_READER_PORT" --tensor-parallel-size "$TIDER_READER_GPUS" \
         --max-model-len "$TIDER_READER_MAX_LEN" --startup-timeout 1800 --log "$TIDER_LOG_DIR/reader.log"
+    SERVERS+=("reader $!")
 fi
+# The step dies whole: a server that exits while this node still needs it (a model missing,
+# out of memory, a crash) ends the step with its name and log, instead of leaving the
+# trainer to time out on it (up to vllm_server_timeout / reader_wait_timeout).
+watch() {  # watch PID: return when PID ends (its status); exit 1 naming the server when one ends first
+    local pid=$1 entry role spid status
+    while kill -0 "$pid" 2>/dev/null; do
+        for entry in "${SERVERS[@]}"; do
+            read -r role spid <<< "$entry"
+            if ! kill -0 "$spid" 2>/dev/null; then
+                status=0; wait "$spid" || status=$?
+                echo "node.sh: the $role server on ${SLURMD_NODENAME:-$(hostname)} exited (status $status)" \
+                    "while the job needed it; stopping the job. Its log: $TIDER_LOG_DIR/$role.log" >&2
+                [[ "$pid" == "$$" ]] || kill "$pid" 2>/dev/null || true
+                exit 1
+            fi
+        done
+        sleep "${TIDER_WATCH_INTERVAL:-5}"
+    done
+    status=0; wait "$pid" || status=$?
+    return "$status"
+}
 if ! has trainer; then
-    if [[ "${TIDER_DRY_RUN:-0}" != 1 ]]; then wait; fi
+    if [[ "${TIDER_DRY_RUN:-0}" != 1 ]]; then watch $$; fi  # serve until stopped, or fail naming the server
     exit 0
 fi
 # The trainer waits (bounded) for the servers: TRL's client for vLLM (vllm_server_timeout),
@@ -54,7 +78,7 @@ fi
 # rendezvous: node i is machine rank i and global rank 0 sits on the first node, which hosts
 # the store (c10d would ignore --machine_rank and let any node that resolves
 # MASTER_ADDR as its own host the store).
-run "$(take "$first" "$TIDER_TRAIN_GPUS")" fg accelerate launch \
+run "$(take "$first" "$TIDER_TRAIN_GPUS")" bg accelerate launch \
     --config_file "configs/accelerate/${ACCEL}.yaml" \
     --num_machines "$TIDER_NUM_MACHINES" \
     --num_processes $((TIDER_NUM_MACHINES * TIDER_TRAIN_GPUS)) \
@@ -63,3 +87,4 @@ run "$(take "$first" "$TIDER_TRAIN_GPUS")" fg accelerate launch \
     --main_process_port "$TIDER_MASTER_PORT" \
     --rdzv_backend static \
     -m tider.cli "$STAGE" --config "$RECIPE" "$@"
+if [[ "${TIDER_DRY_RUN:-0}" != 1 ]]; then watch $!; fi
