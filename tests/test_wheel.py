@@ -119,7 +119,8 @@ def test_the_wheel_runs_the_demo_outside_the_checkout(tmp_path):
     # Started from the wheel's model and recipes, not a fresh one and not the checkout's.
     assert "SFT (configs/sft/tiny-cpu.yaml)" in demo.stdout
     assert f"--model_name_or_path {tmp_path / 'venv'}" in demo.stdout
-    table = demo.stdout.split("=== [7/7]")[1]
+    table = demo.stdout.split("=== [7/8]")[1]  # the comparison, then the SFT checkpoint on the same queries
+    assert "SFT vs SFT+GRPO, " in table
     assert ": 6 queries, same retriever" in table  # the comparison table's title
     comparison = json.loads((work / "demo" / "compare" / "compare.json").read_text())
     assert comparison["n_queries"] == 6 and "locator" in comparison["methods"]
