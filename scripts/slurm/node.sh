@@ -30,6 +30,13 @@ stop_servers() { local status=$? pids; pids=$(jobs -p); if [[ -n "$pids" ]]; the
 trap stop_servers EXIT
 trap 'exit 143' TERM
 
+# Networking from SLURM: vLLM and NCCL bind to this node's address as SLURM resolves its
+# name (set VLLM_HOST_IP, NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME in the submitting shell
+# to choose another interface; srun passes the environment on).
+if [[ -z "${VLLM_HOST_IP:-}" && -n "${SLURMD_NODENAME:-}" ]]; then
+    VLLM_HOST_IP=$(getent hosts "$SLURMD_NODENAME" | awk '{print $1; exit}') || true
+    if [[ -n "$VLLM_HOST_IP" ]]; then export VLLM_HOST_IP; fi
+fi
 first=0  # next free GPU for vllm/trainer
 SERVERS=()  # "role pid" of the servers this step started
 if has vllm; then

@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "tider.commands.eval",
     "tider.commands.export",
     "tider.commands.serve",
+    "tider.commands.launch",
     "tider.commands.memory",
     "tider.commands.demo",
 ]

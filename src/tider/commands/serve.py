@@ -142,6 +142,16 @@ def model_source(model: str) -> str:
     return str(path.resolve()) if path.exists() else model
 
 
+def unstaged(model: str) -> str | None:
+    """Why vLLM could not load ``model`` here, before it starts: vLLM runs offline
+    (``HF_HUB_OFFLINE=1`` unless set to 0), so a Hub id must be staged (``tider stage``)."""
+    from tider.train.launch import Need, not_staged_message, where
+
+    if os.environ.get("HF_HUB_OFFLINE") == "0" or where(model):
+        return None
+    return not_staged_message(Need("model", model), None)
+
+
 def make_server(args):
     from tider.llm.vllm_server import VLLMServer
 
@@ -225,6 +235,10 @@ def run(args) -> int:
     if args.print_command:
         print(" ".join(server.command()))
         return 0
+    refusal = unstaged(args.model)
+    if refusal:
+        print(f"tider serve: {refusal}", file=sys.stderr)
+        return 2
 
     stop = {"signal": None}
 

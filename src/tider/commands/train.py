@@ -25,6 +25,15 @@ def _run(args) -> int:
 
     quiet_libraries()
     script_args, training_args, model_args = parse_recipe(args.stage, ["--config", args.config, *args.extra])
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        # Offline (a compute node): a model that is not staged is a refusal now, naming it,
+        # not a load error deep in the trainer or a reader that never answers.
+        from tider.train.launch import ModelNotStaged, recipe_needs, require_staged
+
+        try:
+            require_staged(recipe_needs(args.stage, script_args, model_args), args.config)
+        except ModelNotStaged as exc:
+            raise SystemExit(f"tider {args.stage}: {exc}") from None
     setup_logging(training_args.output_dir, rank=int(os.environ.get("RANK", "0")))
     if getattr(model_args, "dtype_was_auto", False):
         from tider.hardware import log_choice
