@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+NAME_HELP = "memory name (letters, digits, . _ -)"
 MAX_BODY_BYTES = 8 * 2**20
 MAX_MESSAGES = 10_000
 # The request's bearer token, if any (checked by the app's authorizer, so no automatic 403).
@@ -288,9 +289,10 @@ def create_app(
         up = backend.reachable()
         return JSONResponse({"status": "ok" if up else "unavailable"}, 200 if up else 503)
 
-    router = APIRouter(dependencies=[Depends(_authorizer(keys))])
+    router = APIRouter(dependencies=[Depends(_authenticator(keys))])
     _add_routes(router, backend, memory)
     app.include_router(router)
+    _check_declared(app)
     return app
 
 
@@ -300,33 +302,54 @@ async def _unavailable(request: Request, err: StoreError) -> JSONResponse:
     return JSONResponse({"detail": str(err)}, 503, headers={"Retry-After": "1"})
 
 
-def _authorizer(keys: KeyRing):
-    """The dependency every request passes: a known bearer key (when keys are configured)
-    whose grant covers the memory named in the path, for reading (GET, search) or writing."""
+def _authenticator(keys: KeyRing):
+    """The dependency every request passes: a known bearer key (when keys are configured).
+    What the key may do with a memory is each route's own declaration (``_access``)."""
 
-    def authorized(request: Request, creds: Credentials) -> None:
+    def authenticated(request: Request, creds: Credentials) -> None:
         grant = keys.grant(creds.credentials if creds else None)
         if grant is None:
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-        name = request.path_params.get("name")
-        reading = request.method == "GET" or request.url.path.endswith("/search")
-        if name is not None and not grant.allows(name, "read" if reading else "write"):
-            raise HTTPException(403, f"this key may not {'read' if reading else 'write'} memory {name!r}")
         request.state.grant = grant
 
-    return authorized
+    return authenticated
+
+
+def _access(mode: str):
+    """The ``{name}`` path parameter of a route that reads (``mode="read"``) or writes the
+    memory: a route gets the name only through this, so it cannot forget to declare which
+    (decided by the route, never by the method or by how the path ends)."""
+
+    def granted(request: Request, name: str = PathParam(pattern=NAME, description=NAME_HELP)) -> str:
+        if not request.state.grant.allows(name, mode):
+            raise HTTPException(403, f"this key may not {mode} memory {name!r}")
+        return name
+
+    granted.access = mode
+    return Depends(granted)
+
+
+READS, WRITES = _access("read"), _access("write")
+
+
+def _check_declared(app: FastAPI) -> None:
+    """Every route over a memory declares read or write access (a start-up check)."""
+    for route in app.routes:
+        if "{name}" in getattr(route, "path", ""):
+            modes = [getattr(d.call, "access", None) for d in route.dependant.dependencies]
+            if not any(modes):
+                raise RuntimeError(f"route {route.path} {sorted(route.methods)} declares no access (READS/WRITES)")
 
 
 def _add_routes(app: APIRouter, backend, memory) -> None:
     """The authenticated endpoints; ``memory(name, create)`` opens (or creates) a memory."""
-    name_param = PathParam(pattern=NAME, description="memory name (letters, digits, . _ -)")
 
     @app.get("/memories")
     def names(request: Request) -> dict:
         return {"memories": [n for n in backend.get().names() if request.state.grant.allows(n, "read")]}
 
     @app.post("/memories/{name}/messages", response_model=AddResponse)
-    def add(body: AddRequest, name: str = name_param) -> AddResponse:
+    def add(body: AddRequest, name: str = WRITES) -> AddResponse:
         try:
             return AddResponse(
                 ids=memory(name, create=True).add([m.model_dump(exclude_none=True) for m in body.messages])
@@ -335,7 +358,7 @@ def _add_routes(app: APIRouter, backend, memory) -> None:
             raise _input_error(err) from None
 
     @app.post("/memories/{name}/search", response_model=SearchResponse)
-    def search(body: SearchRequest, name: str = name_param) -> SearchResponse:
+    def search(body: SearchRequest, name: str = READS) -> SearchResponse:
         mem = memory(name, create=False)
         windows = body.windows if body.windows == "none" else ReportedWindows(body.windows, name)
         try:
@@ -353,7 +376,7 @@ def _add_routes(app: APIRouter, backend, memory) -> None:
             window_source=body.windows if isinstance(windows, str) else windows.label,
         )
 
-    add_management_routes(app, memory, name_param, _input_error)
+    add_management_routes(app, memory, READS, WRITES, _input_error)
 
 
 def serve(store: str, host: str = "127.0.0.1", port: int = 8100, locator: dict | None = None, config=None) -> None:

@@ -84,8 +84,9 @@ class DeleteResponse(BaseModel):
     deleted: list[str]
 
 
-def add_management_routes(app: APIRouter, memory, name_param, input_error) -> None:
-    """``memory(name, create=False)`` opens a memory (404 when there is none);
+def add_management_routes(app: APIRouter, memory, reads, writes, input_error) -> None:
+    """``memory(name, create=False)`` opens a memory (404 when there is none); ``reads`` and
+    ``writes`` are the name parameters that declare a route's access;
     ``input_error`` turns a ``MemoryInputError`` into the service's 422."""
 
     def run(call):
@@ -98,7 +99,7 @@ def add_management_routes(app: APIRouter, memory, name_param, input_error) -> No
 
     @app.get("/memories/{name}/messages", response_model=ListResponse)
     def list_messages(
-        name: str = name_param,
+        name: str = reads,
         start: str | None = Query(None, max_length=64),
         end: str | None = Query(None, max_length=64),
         offset: int = Query(0, ge=0),
@@ -110,31 +111,31 @@ def add_management_routes(app: APIRouter, memory, name_param, input_error) -> No
         return ListResponse(messages=[MessageOut.of(m) for m in page], next_offset=offset + limit if more else None)
 
     @app.get("/memories/{name}/messages/{key:path}", response_model=MessageOut)
-    def get_message(name: str = name_param, key: str = KEY) -> MessageOut:
+    def get_message(name: str = reads, key: str = KEY) -> MessageOut:
         found = memory(name, create=False).get(key)
         if found is None:
             raise HTTPException(404, f"memory {name!r} holds no message {key!r}")
         return MessageOut.of(found)
 
     @app.patch("/memories/{name}/messages/{key:path}", response_model=MessageOut)
-    def update_message(body: UpdateRequest, name: str = name_param, key: str = KEY) -> MessageOut:
+    def update_message(body: UpdateRequest, name: str = writes, key: str = KEY) -> MessageOut:
         mem = memory(name, create=False)
         return MessageOut.of(run(lambda: mem.update(key, text=body.text, timestamp=body.timestamp)))
 
     @app.delete("/memories/{name}/messages/{key:path}", response_model=DeleteResponse)
-    def delete_message(name: str = name_param, key: str = KEY) -> DeleteResponse:
+    def delete_message(name: str = writes, key: str = KEY) -> DeleteResponse:
         deleted = memory(name, create=False).delete(key)
         if not deleted:
             raise HTTPException(404, f"memory {name!r} holds no message {key!r}")
         return DeleteResponse(deleted=deleted)
 
     @app.post("/memories/{name}/delete", response_model=DeleteResponse)
-    def delete_where(body: DeleteRequest, name: str = name_param) -> DeleteResponse:
+    def delete_where(body: DeleteRequest, name: str = writes) -> DeleteResponse:
         mem = memory(name, create=False)
         if body.keys is not None:
             return DeleteResponse(deleted=run(lambda: mem.delete(body.keys)))
         return DeleteResponse(deleted=run(lambda: mem.delete_all(body.start, body.end)))
 
     @app.delete("/memories/{name}", response_model=DeleteResponse)
-    def delete_memory(name: str = name_param) -> DeleteResponse:
+    def delete_memory(name: str = writes) -> DeleteResponse:
         return DeleteResponse(deleted=memory(name, create=False).delete_all())

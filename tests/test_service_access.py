@@ -1,0 +1,108 @@
+"""Authorization is decided by the route (issue 44 item 1): every route of the service's
+OpenAPI schema x {no key, a read-only key, another scope's key, a writer}, over messages
+whose keys look like route words (``search``, ``delete``, ``messages``). A read-only key
+once rewrote and deleted the message keyed ``search`` because the service guessed "read"
+from a path ending in /search."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+WRITER, READER, OTHER = "writer-key-0123456789", "reader-key-0123456789", "other-key-01234567890"
+KEYS = {
+    "keys": [
+        {"key": WRITER, "read": ["alice.*"], "write": ["alice.*"]},
+        {"key": READER, "read": ["*"], "write": []},
+        {"key": OTHER, "read": ["bob.*"], "write": ["bob.*"]},
+    ]
+}
+NAME = "alice.chat"
+ROUTE_WORDS = ["search", "delete", "messages", "m1"]
+# What each route does to the memory it names; a route missing here fails the test.
+ACCESS = {
+    ("get", "/health"): "public",
+    ("get", "/memories"): "listing",
+    ("post", "/memories/{name}/messages"): "write",
+    ("post", "/memories/{name}/search"): "read",
+    ("get", "/memories/{name}/messages"): "read",
+    ("get", "/memories/{name}/messages/{key}"): "read",
+    ("patch", "/memories/{name}/messages/{key}"): "write",
+    ("delete", "/memories/{name}/messages/{key}"): "write",
+    ("post", "/memories/{name}/delete"): "write",
+    ("delete", "/memories/{name}"): "write",
+}
+
+
+def body(method: str, path: str, key: str) -> dict | None:
+    """A valid body, so a call that is allowed succeeds and one that is refused was refused."""
+    if path.endswith("/messages") and method == "post":
+        return {"messages": [{"key": "new", "text": "A new note", "timestamp": "2024-03-09T10:00:00"}]}
+    if path.endswith("/search"):
+        return {"text": "the offsite", "k": 3}
+    if method == "patch":
+        return {"text": "rewritten"}
+    if path.endswith("/delete"):
+        return {"keys": [key]}
+    return None
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    from tider.memory.service import create_app
+
+    tmp = tmp_path_factory.mktemp("access")
+    (tmp / "keys.json").write_text(json.dumps(KEYS))
+    with TestClient(create_app(tmp / "stores", keys_file=tmp / "keys.json")) as c:
+        yield c
+
+
+def reset(client) -> list[dict]:
+    """The memory as the writer sees it, after putting every route-word message back."""
+    client.delete(f"/memories/{NAME}", headers=auth(WRITER))
+    messages = [
+        {"key": k, "text": f"Note {k} about the offsite", "timestamp": f"2024-03-0{i + 1}T10:00:00"}
+        for i, k in enumerate(ROUTE_WORDS)
+    ]
+    assert client.post(f"/memories/{NAME}/messages", json={"messages": messages}, headers=auth(WRITER)).is_success
+    return snapshot(client)
+
+
+def snapshot(client) -> list[dict]:
+    return client.get(f"/memories/{NAME}/messages", headers=auth(WRITER)).json()["messages"]
+
+
+def auth(key: str | None) -> dict:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def test_every_route_is_in_the_table(client):
+    routes = {(m, p) for p, ops in client.get("/openapi.json").json()["paths"].items() for m in ops}
+    assert routes == set(ACCESS), routes ^ set(ACCESS)
+
+
+@pytest.mark.parametrize("route", sorted(ACCESS), ids=lambda r: f"{r[0].upper()} {r[1]}")
+def test_each_key_gets_what_the_route_declares(client, route):
+    method, template = route
+    access = ACCESS[route]
+    for word in ROUTE_WORDS if "{key}" in template else ["-"]:
+        path = template.replace("{name}", NAME).replace("{key}", word)
+        for key, allowed in ((None, False), (OTHER, False), (READER, access != "write"), (WRITER, True)):
+            before = reset(client)
+            r = client.request(method, path, json=body(method, template, word), headers=auth(key))
+            where = f"{method.upper()} {path} with {key or 'no key'}: {r.status_code} {r.text[:200]}"
+            if access == "public":
+                assert r.status_code == 200, where
+                continue
+            if key is None:
+                assert r.status_code == 401, where
+            elif access == "listing":
+                assert r.status_code == 200 and (NAME in r.json()["memories"]) == (key != OTHER), where
+            elif not allowed:
+                assert r.status_code == 403, where
+            else:
+                assert r.status_code in (200, 404), where
+            if not allowed or access == "read":
+                assert snapshot(client) == before, f"{where}: the memory changed"
