@@ -96,6 +96,7 @@ def test_the_preflight_prints_the_plan_of_each_documented_form(staged):
     assert "node-2:8100 (generation) and node-2:51216 (NCCL weight sync, vllm_group_port)" in out
     assert "keys: policy server none, reader none" in out
     assert "--max-model-len 3904" in out  # the recipe's length reaches the policy server
+    assert out.count("--resume_from_checkpoint true") == 2  # a requeued job resumes by default
     for node in ("node-0", "node-1", "node-2"):
         assert f"[{node}] " in out
 

@@ -185,7 +185,8 @@ def test_an_unstaged_model_stops_the_job_before_any_server_starts(recipe_work, r
         env={"GPUS_PER_NODE": "2", "HF_HOME": str(tmp_path / "hf")},
     )
     assert status == 2, log[-3000:]
-    assert "refused: the reader Qwen/Qwen3-8B is not staged" in log and "tider stage configs/grpo/qwen3-1.7b.yaml" in log
+    assert "refused: the reader Qwen/Qwen3-8B is not staged" in log
+    assert "tider stage configs/grpo/qwen3-1.7b.yaml" in log
     assert not server_logs.exists() or not (server_logs / "reader.log").exists()
 
 

@@ -151,6 +151,22 @@ def test_tiny_sft_then_grpo_recipes(tmp_path):
     steps = [h["step"] for h in _log_history(grpo) if "loss" in h]
     assert steps == [1, 2, 3, 4]
 
+    # A stop request (train.slurm creates the file when SLURM signals the time limit): a
+    # checkpoint at the next step, not a final model; the requeued run resumes from it.
+    from tider.train.stage import STOP_FILE
+
+    final, finished = _weights(grpo), (grpo / "trainer_state.json").read_text()
+    longer = [*grpo_args, "--max_steps", "6", "--resume_from_checkpoint", "true", "--save_steps", "100"]
+    (grpo / STOP_FILE).touch()
+    assert main(longer) == 0
+    assert (grpo / "checkpoint-5").exists() and not (grpo / "checkpoint-6").exists()
+    assert (grpo / "trainer_state.json").read_text() == finished  # no final save on a stop
+    assert _unchanged(final, _weights(grpo)) == list(final)
+    (grpo / STOP_FILE).unlink()
+    assert main(longer) == 0
+    resumed = json.loads((grpo / "trainer_state.json").read_text())["log_history"]
+    assert [h["step"] for h in resumed if "loss" in h] == [1, 2, 3, 4, 5, 6]
+
     # The checkpoint reloads as the locator window source, prompted with the settings it
     # was trained with (4 timeline lines); each completion is what the parser makes of it.
     from tider.data.synth import generate

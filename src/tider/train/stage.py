@@ -11,6 +11,8 @@ import os
 import time
 from pathlib import Path
 
+from transformers import TrainerCallback
+
 from tider.locator.contract import METADATA_FILE
 from tider.train.data import fixed_split, load_training_dataset, training_metadata
 from tider.train.examples import PromptBuilder, split_queries
@@ -112,9 +114,13 @@ def train_and_save(
     from tider.train.output import install_progress
 
     install_progress(trainer, stage)
+    stop = StopOnRequest(training_args.output_dir)
+    trainer.add_callback(stop)
     acc = trainer.accelerator
     logger.info("%s: process %d of %d (%s)", stage, acc.process_index, acc.num_processes, acc.distributed_type)
     trainer.train(resume_from_checkpoint=resume_arg(training_args))
+    if stop.stopped:  # a checkpoint, not the final model: the requeued job resumes from it
+        return trainer
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json (log history) next to the final weights
     if is_main_process(training_args):
@@ -131,6 +137,37 @@ def train_and_save(
     if run is not None:
         run.finish()  # the next stage in this process opens its own run
     return trainer
+
+
+STOP_FILE = "tider-stop-requested"
+
+
+class StopOnRequest(TrainerCallback):
+    """Save a checkpoint and stop at the next step when ``OUTPUT_DIR/tider-stop-requested``
+    appears: scripts/slurm/train.slurm creates it when SLURM signals that the time limit is
+    near (``--signal``), then requeues the job, which resumes from that checkpoint. Every
+    rank decides together (a max over ranks), so no rank saves alone. train.slurm removes
+    the file when a job (re)starts; by hand, delete it to train on."""
+
+    def __init__(self, output_dir: str):
+        self.flag = Path(output_dir) / STOP_FILE
+        self.stopped = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import torch
+        import torch.distributed as dist
+
+        asked = torch.tensor([float(self.flag.exists())])
+        if dist.is_available() and dist.is_initialized():
+            if dist.get_backend() != "gloo":
+                asked = asked.to(args.device)  # NCCL reduces on the GPU
+            dist.all_reduce(asked, op=dist.ReduceOp.MAX)
+        if asked.item() > 0:
+            logger.info("%s exists: saving a checkpoint at step %d and stopping", self.flag, state.global_step)
+            self.stopped = True
+            control.should_save = True
+            control.should_training_stop = True
+        return control
 
 
 def resume_arg(training_args):
