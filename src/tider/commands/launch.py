@@ -41,7 +41,8 @@ def register(subparsers) -> None:
 
 
 def _stage(args) -> int:
-    from tider.train.launch import LaunchRefused, ModelNotStaged, parse_here, recipe_needs, recipe_stage, stage_models
+    from tider.staging import ModelNotStaged, stage_models
+    from tider.train.launch import LaunchRefused, parse_here, recipe_needs, recipe_stage
 
     models = list(args.model)
     try:
@@ -63,7 +64,8 @@ def _stage(args) -> int:
 
 
 def _verify(args) -> int:
-    from tider.train.launch import LaunchRefused, ModelNotStaged, verify
+    from tider.staging import ModelNotStaged
+    from tider.train.launch import LaunchRefused, verify
 
     try:
         lines = verify(args.stage, args.recipe, args.processes, args.extra)

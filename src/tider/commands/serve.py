@@ -145,7 +145,7 @@ def model_source(model: str) -> str:
 def unstaged(model: str) -> str | None:
     """Why vLLM could not load ``model`` here, before it starts: vLLM runs offline
     (``HF_HUB_OFFLINE=1`` unless set to 0), so a Hub id must be staged (``tider stage``)."""
-    from tider.train.launch import Need, not_staged_message, where
+    from tider.staging import Need, not_staged_message, where
 
     if os.environ.get("HF_HUB_OFFLINE") == "0" or where(model):
         return None

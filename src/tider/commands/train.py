@@ -28,7 +28,8 @@ def _run(args) -> int:
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
         # Offline (a compute node): a model that is not staged is a refusal now, naming it,
         # not a load error deep in the trainer or a reader that never answers.
-        from tider.train.launch import ModelNotStaged, recipe_needs, require_staged
+        from tider.staging import ModelNotStaged, require_staged
+        from tider.train.launch import recipe_needs
 
         try:
             require_staged(recipe_needs(args.stage, script_args, model_args), args.config)
