@@ -137,18 +137,12 @@ def test_the_preflight_refuses_a_model_that_is_not_staged(tmp_path):
     assert "the reader Qwen/Qwen3-8B is not staged" in run.stderr
     assert "tider stage configs/grpo/qwen3-1.7b.yaml" in run.stderr
     assert "tider serve" not in run.stdout
-    # the GRPO recipe as written starts from the SFT job's output: named as a path, not a Hub id
+    # a GRPO recipe starts from the SFT job's output: a path not written yet is named as a path
     before_sft = tider(
-        "launch",
-        "check",
-        "configs/grpo/qwen3-1.7b.yaml",
-        "--nodes",
-        "1",
-        "--gpus-per-node",
-        "8",
-        hf_home=tmp_path / "hf",
-    )
-    assert "the policy runs/qwen3-1.7b/sft does not exist here" in before_sft.stderr
+        "launch", "check", "configs/grpo/qwen3-1.7b.yaml", "--nodes", "1", "--gpus-per-node", "8",
+        "--model_name_or_path", "runs/never-written/sft", hf_home=tmp_path / "hf",
+    )  # fmt: skip
+    assert "the policy runs/never-written/sft does not exist here" in before_sft.stderr
 
 
 def test_the_preflight_refuses_a_prompt_longer_than_the_engine(staged):

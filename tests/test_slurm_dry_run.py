@@ -12,10 +12,34 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
+from test_launch import stage_fake
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = ["gpu-a", "gpu-b", "gpu-c"]
+SFT_OUTPUT = ROOT / "runs" / "qwen3-1.7b" / "sft"  # where the GRPO recipes start: the SFT job's output
+
+
+@pytest.fixture(scope="module")
+def staged_home(tmp_path_factory):
+    """The recipes' Hub models staged (train.slurm's preflight refuses a job without them),
+    and the SFT job's output in place for the GRPO forms; removed after if made here."""
+    home = tmp_path_factory.mktemp("hf")
+    stage_fake(home, "Qwen/Qwen3-1.7B", "Qwen/Qwen3-8B")
+    made = not SFT_OUTPUT.exists()
+    SFT_OUTPUT.mkdir(parents=True, exist_ok=True)
+    yield home
+    if made:
+        import shutil
+
+        shutil.rmtree(SFT_OUTPUT)
+
+
+@pytest.fixture(autouse=True)
+def _staged(staged_home, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(staged_home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
 def dry_run(*args: str, nodes=NODES, env=None) -> tuple[int, dict[str, list[str]], str]:
