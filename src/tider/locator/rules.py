@@ -52,164 +52,30 @@ import hashlib
 import json
 import logging
 import os
-import re
 import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from tider.locator.expressions import (
+    DATED_TYPES,
+    Found,
+    TimeCue,
+    compose,
+    end_of_day,
+    event_anchored,
+    readings,
+    start_of_day,
+)
 from tider.locator.sources import BaseSource, register_source
 from tider.types import NON_TEMPORAL, Memory, Query, Window, WindowPrediction
 
 logger = logging.getLogger(__name__)
 
-DAY = timedelta(days=1)
-# Recognizers-Text result types that resolve to calendar time; durations ("for two
-# weeks"), sets ("every Monday") and bare times of day say nothing about which days.
-_DATED_TYPES = {"date", "daterange", "datetime", "datetimerange"}
 # Bumped when resolutions change, so cached ones from an older resolver are not reused.
 RESOLVER_VERSION = 2
-# A bare period: the library resolves it to the current one unless something anchors it.
-_BARE_PERIOD = re.compile(r"^(?:the|that)\s+(day|week|weekend|month|year)$", re.IGNORECASE)
-_ANCHORED_AFTER = re.compile(r"^\s*(?:of|before|after|following|preceding)\b", re.IGNORECASE)
-# "the day before May 3": the library returns May 3 and drops the offset.
-_DAY_OFFSET = re.compile(r"^the\s+day\s+(before|after)\s", re.IGNORECASE)
-_PERIOD_DAYS = {"day": 1, "week": 7}
-
-
-@dataclass(frozen=True)
-class TimeCue:
-    """One resolved time expression: the words as written and the closed day range."""
-
-    text: str
-    window: Window
-
-    def clip(self, lo: datetime, hi: datetime) -> TimeCue | None:
-        """This cue restricted to ``[lo, hi]``; None when it lies wholly outside."""
-        start, end = max(self.window.start, lo), min(self.window.end, hi)
-        return TimeCue(self.text, Window(start, end)) if start <= end else None
-
-
-def _day(ts: datetime) -> datetime:
-    return ts.replace(hour=0, minute=0, second=0, microsecond=0)
-
-
-def _end_of_day(ts: datetime) -> datetime:
-    return _day(ts) + DAY - timedelta(microseconds=1)
-
-
-def _parse_stamp(value) -> datetime | None:
-    if not value or not isinstance(value, str) or value == "not resolved":
-        return None
-    try:
-        return datetime.fromisoformat(value.strip())
-    except ValueError:
-        return None
-
-
-def _candidate(value: dict, kind: str, floor: datetime, asked_at: datetime) -> Window | None:
-    """One resolution value -> a closed day window (open ends closed by floor/asked_at)."""
-    timex = str(value.get("timex", ""))
-    if "REF" in timex:  # PAST_REF / PRESENT_REF / FUTURE_REF: "recently", "now" - vague
-        return None
-    if kind in ("date", "datetime"):
-        point = _parse_stamp(value.get("value"))
-        return Window(_day(point), _end_of_day(point)) if point else None
-    start, end = _parse_stamp(value.get("start")), _parse_stamp(value.get("end"))
-    if start is None and end is None:
-        return None
-    start = _day(start) if start else _day(floor)
-    # Ranges come back half-open ("2023-05-01" .. "2023-05-08" for a week); a missing end
-    # is an open range ("since March") that runs to the question.
-    end = _end_of_day(end - DAY) if end is not None and kind == "daterange" else (end or _end_of_day(asked_at))
-    return Window(start, end) if start <= end else None
-
-
-@dataclass(frozen=True)
-class _Found:
-    """One library result: its words, where they stand in the question (``end``
-    inclusive), its type and its readings."""
-
-    text: str
-    start: int
-    end: int
-    kind: str
-    values: tuple
-
-    @classmethod
-    def of(cls, result) -> _Found:
-        return cls(
-            " ".join(str(result.text).split()),
-            int(result.start),
-            int(result.end),
-            str(result.type_name).rsplit(".", 1)[-1],
-            tuple((result.resolution or {}).get("values", [])),
-        )
-
-
-def _readings(found: _Found, floor: datetime, asked_at: datetime) -> list[Window]:
-    """The day windows of one result's readings ("the day before May 3": shifted a day)."""
-    windows = [w for w in (_candidate(v, found.kind, floor, asked_at) for v in found.values) if w is not None]
-    offset = _DAY_OFFSET.match(found.text)
-    if offset and found.kind == "date":
-        shift = -DAY if offset.group(1).lower() == "before" else DAY
-        windows = [Window(w.start + shift, w.end + shift) for w in windows]
-    return windows
-
-
-def _event_anchored(found: _Found, question: str) -> bool:
-    """A bare period followed by "of / before / after ..." that the library did not read
-    ("the week of the merger"): it names a period next to an event, not the current one."""
-    return bool(_BARE_PERIOD.match(found.text)) and bool(_ANCHORED_AFTER.match(question[found.end + 1 :]))
-
-
-def _offset_span(mod: str, edge: datetime, period: str | None, days: int) -> Window:
-    """The span a period or a count of days names next to an anchor. ``edge`` is the first
-    day after the span ("before") or the first day it may start ("after")."""
-    from dateutil.relativedelta import relativedelta
-
-    if period == "weekend":  # the Saturday-Sunday next to the anchor
-        if mod == "before":
-            last = edge - DAY
-            sunday = last - timedelta(days=(last.weekday() + 1) % 7)
-            return Window(sunday - DAY, _end_of_day(sunday))
-        saturday = edge + timedelta(days=(5 - edge.weekday()) % 7)
-        return Window(saturday, _end_of_day(saturday + DAY))
-    if period is not None:
-        length = (
-            relativedelta(days=_PERIOD_DAYS[period]) if period in _PERIOD_DAYS else relativedelta(**{period + "s": 1})
-        )
-        if mod == "before":
-            return Window(edge - length, _end_of_day(edge - DAY))
-        return Window(edge, _end_of_day(edge + length - DAY))
-    day = edge - timedelta(days=days) if mod == "before" else edge + timedelta(days=days) - DAY
-    return Window(day, _end_of_day(day))
-
-
-def _compose(here: _Found, anchor: _Found | None, question: str) -> list[Window]:
-    """``here`` + ``anchor`` as one span when ``here`` is a bare period or a count of days
-    standing right before a "before X" / "after X" result ("the week before August 3"):
-    one window per reading of the anchor, none when they do not compose."""
-    if anchor is None or question[here.end + 1 : anchor.start].strip():
-        return []
-    bare = _BARE_PERIOD.match(here.text)
-    days = 0
-    if not bare:
-        seconds = float(here.values[0].get("value", 0)) if here.kind == "duration" and here.values else 0.0
-        days = round(seconds / 86400)
-        if days < 1:
-            return []
-    out = []
-    for v in anchor.values:
-        mod, point = v.get("Mod"), v.get("sourceEntity") == "datetimepoint"
-        edge = _parse_stamp(v.get("end") if mod == "before" else v.get("start") if mod == "after" else None)
-        if edge is not None:
-            edge = _day(edge) + (DAY if mod == "after" and point else timedelta(0))
-            out.append(_offset_span(mod, edge, bare.group(1).lower() if bare else None, days))
-    return out
 
 
 class CueResolver:
@@ -325,19 +191,19 @@ class CueResolver:
         return len(todo)
 
     def _resolve(self, text: str, asked_at: datetime, floor: datetime) -> list[TimeCue]:
-        found = [_Found.of(r) for r in self._parse(text, asked_at)]
+        found = [Found.of(r) for r in self._parse(text, asked_at)]
         cues: list[TimeCue] = []
         i = 0
         while i < len(found):
             here, anchor = found[i], found[i + 1] if i + 1 < len(found) else None
-            windows = _compose(here, anchor, text)
+            windows = compose(here, anchor, text)
             if windows:
                 words, i = f"{here.text} {anchor.text}", i + 2
             else:
                 i += 1
-                if here.kind not in _DATED_TYPES or _event_anchored(here, text):
+                if here.kind not in DATED_TYPES or event_anchored(here, text):
                     continue
-                words, windows = here.text, _readings(here, floor, asked_at)
+                words, windows = here.text, readings(here, floor, asked_at)
             past = [w for w in windows if w.start <= asked_at]
             if not past:
                 continue
@@ -365,7 +231,7 @@ def visible_span(memory: Memory, asked_at: datetime) -> Window | None:
     """``[first message, asked_at]`` as whole days; None when nothing was said by then."""
     if not len(memory) or memory.timestamps[0] > asked_at:
         return None
-    return Window(_day(memory.timestamps[0]), _end_of_day(asked_at))
+    return Window(start_of_day(memory.timestamps[0]), end_of_day(asked_at))
 
 
 def query_cues(resolver: CueResolver, query: Query, memory: Memory) -> tuple[TimeCue, ...]:
