@@ -38,7 +38,8 @@ def served(request, tmp_path_factory):
 
 
 def call(service, method: str, path: str, key: str = ADMIN, **kw) -> httpx.Response:
-    return httpx.request(method, f"{service.url}{path}", headers=auth(key), timeout=120, **kw)
+    headers = {**auth(key), **kw.pop("headers", {})}
+    return httpx.request(method, f"{service.url}{path}", headers=headers, timeout=120, **kw)
 
 
 def search_ids(service, name: str, text: str, key: str = ADMIN) -> list[str]:
@@ -127,3 +128,27 @@ def test_a_bad_key_file_stops_the_start_with_its_name(tmp_path):
     path.write_text(json.dumps({"keys": [{"key": ALICE, "read": "alice.*"}]}))
     with pytest.raises(KeyFileError, match="lists of memory-name patterns"):
         KeyRing.from_env(keys_file=path)
+
+
+ODD_TEXTS = ["nul \x00 byte", "bell \x07", "lone surrogate \ud800", "escape \x1b[31m"]
+
+
+@pytest.mark.parametrize("text", ODD_TEXTS, ids=["nul", "bell", "surrogate", "escape"])
+def test_text_a_backend_cannot_store_is_the_same_422_on_both(served, text):
+    """Issue 44 item 5: NUL bytes and other control characters, and lone surrogates (a JSON
+    \\ud800 escape), are refused with a 422 naming the field on add, update and search, on
+    the directory backend and on PostgreSQL alike, and nothing is stored."""
+    body = json.dumps({"messages": [{"key": "odd", "text": text, "timestamp": "2024-04-01T10:00:00"}]})
+    r = call(served, "POST", "/memories/alice.odd/messages", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "messages", 0, "text"], r.text
+    assert call(served, "POST", "/memories/alice.odd/messages", json={"messages": MESSAGES}).status_code == 200
+    patch = json.dumps({"text": text})
+    r = call(
+        served, "PATCH", "/memories/alice.odd/messages/m1", content=patch, headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 422, r.text
+    assert call(served, "GET", "/memories/alice.odd/messages/m1").json()["text"] == MESSAGES[0]["text"]
+    r = call(served, "POST", "/memories/alice.odd/search", content=json.dumps({"text": text}),
+             headers={"Content-Type": "application/json"})  # fmt: skip
+    assert r.status_code == 422 and "text" in r.text, r.text
+    assert call(served, "GET", "/memories/alice.odd/messages/odd").status_code == 404

@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tider.memory.records import MemoryInputError, MessageNotFound, message_to_json, to_message, to_utc
+from tider.memory.records import (
+    MemoryInputError,
+    MessageNotFound,
+    checked_text,
+    message_to_json,
+    to_message,
+    to_utc,
+)
 from tider.memory.store import Ranking
 from tider.types import NON_TEMPORAL, Memory, Message, Query, WindowPrediction
 
@@ -225,6 +232,9 @@ class MemoryBase(abc.ABC):
         """The ``Query`` a window source sees (no gold: nothing on this path has any)."""
         if not isinstance(text, str):
             raise MemoryInputError("text", f"expected a string, got {type(text).__name__}")
+        checked_text(text, "text")
+        if user is not None:
+            checked_text(user, "user")
         when = to_utc(asked_at, "asked_at") if asked_at is not None else None
         if when is None:
             when = self._newest() or datetime(1970, 1, 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from datetime import datetime, timezone
@@ -58,6 +59,25 @@ def to_utc(value: Any, field: str) -> datetime:
     return ts
 
 
+# C0 controls other than tab, newline and carriage return: PostgreSQL cannot store NUL, and
+# none of them is text a person wrote. Refused the same way on every backend.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def checked_text(value: str, field: str) -> str:
+    """``value`` if every backend can store and search it, else a ``MemoryInputError`` (the
+    service's 422): no control characters but tab and newlines, valid Unicode (no lone
+    surrogate, which a JSON ``\\ud800`` escape can carry)."""
+    bad = _CONTROL.search(value)
+    if bad:
+        raise MemoryInputError(field, f"holds control character U+{ord(bad.group()):04X} at position {bad.start()}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise MemoryInputError(field, f"not valid Unicode at position {err.start} (a lone surrogate)") from None
+    return value
+
+
 def _text(record: Mapping, name: str, where: str, required: bool = False, default: str | None = None) -> str | None:
     value = record.get(name, default)
     if value is None:
@@ -66,7 +86,7 @@ def _text(record: Mapping, name: str, where: str, required: bool = False, defaul
         return None
     if not isinstance(value, str):
         raise MemoryInputError(f"{where}.{name}", f"expected a string, got {type(value).__name__}")
-    return value
+    return checked_text(value, f"{where}.{name}")
 
 
 def content_key(text: str, timestamp: datetime, speaker: str, session: str) -> str:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import os
 import re
@@ -52,7 +53,9 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi import Path as PathParam
-from fastapi.responses import JSONResponse
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -163,10 +166,15 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+def _loc(field: str) -> list:
+    """``messages[0].text`` -> ``["messages", 0, "text"]``, as FastAPI's own 422s spell it."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"[.\[\]]+", field.strip("]"))]
+
+
 def _input_error(err: MemoryInputError) -> HTTPException:
     return HTTPException(
         422,
-        [{"loc": ["body", *re.split(r"[.\[\]]+", err.field.strip("]"))], "msg": err.problem, "type": "value_error"}],
+        [{"loc": ["body", *_loc(err.field)], "msg": err.problem, "type": "value_error"}],
     )
 
 
@@ -282,6 +290,7 @@ def create_app(
     app.state.memories = memories
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     app.add_exception_handler(StoreError, _unavailable)  # DatabaseUnavailable is one
+    app.add_exception_handler(RequestValidationError, _invalid)
 
     @app.get("/health")
     def health() -> JSONResponse:
@@ -294,6 +303,13 @@ def create_app(
     app.include_router(router)
     _check_declared(app)
     return app
+
+
+async def _invalid(request: Request, err: RequestValidationError) -> Response:
+    """FastAPI's 422, rendered ASCII-escaped: an input holding a lone surrogate (a JSON
+    ``\\ud800`` escape) echoed in the error would otherwise fail to encode, a 500."""
+    body = json.dumps({"detail": jsonable_encoder(err.errors())}, ensure_ascii=True)
+    return Response(body, 422, media_type="application/json")
 
 
 async def _unavailable(request: Request, err: StoreError) -> JSONResponse:
