@@ -190,6 +190,67 @@ def test_mark_answers_resolve_to_the_marked_line():
         LocatorMetadata(output_schema={"type": "object"}).validate("m")
 
 
+def test_options_answer_exactly_what_each_rule_answers():
+    """Issue 45 item 1: the prompt lists the learning-free answers as options O1..O5, and
+    {"option": n} resolves to exactly that source's windows (rules: padded cues with the cue
+    as core; top-days; each top day) through the table and through the GRPO column."""
+    from tider.locator.rules import RulesWindows, TimeCue
+    from tider.locator.sources import make_source
+
+    store = _store()
+    table = _input(PromptSettings(options=True), store=store)
+    text = table.messages[-1]["content"]
+    listed = text.split("Options:\n")[1].split("\nTimeline:")[0].splitlines()
+    assert [line.split(" = ")[0] for line in listed] == [
+        "O1 rules",
+        "O2 top-days",
+        "O3 top-day 1",
+        "O4 top-day 2",
+        "O5 top-day 3",
+    ]
+    assert listed[0] == "O1 rules = 2023-05-01 .. 2023-05-07 (+1 day)" and '{"option"' in table.messages[0]["content"]
+
+    class Cues(RulesWindows):  # the rules source on the cue the prompt was given
+        def predict(self, query, store):
+            from tider.types import WindowPrediction
+
+            return WindowPrediction(
+                True, tuple(sorted({c.window.widen(self.pad) for c in [TimeCue("last week", WEEK)]}))
+            )
+
+    public = _query().public()
+    top_days = make_source("top-days").predict(public, store).windows
+    top_day = make_source("top-day").predict(public, store).windows
+    expected = {1: Cues().predict(public, store).windows, 2: top_days, 3: top_day}
+    for refs in (table, table.refs_json("day")):
+        for n, windows in expected.items():
+            r = parse_prediction(f'{{"temporal": true, "windows": [{{"option": {n}}}]}}', granularity="day", refs=refs)
+            assert r.ok and r.prediction.windows == windows, n
+            assert [w.core for w in r.prediction.windows] == [w.core for w in windows]  # the pad stays a pad
+    assert {w for n in (3, 4, 5) for w in table.options[n - 1]} == set(top_days)
+    jsonschema.validate({"temporal": True, "windows": [{"option": 2}]}, table.schema())
+    # no time expression: no rules option, and pointing at it is a bad reference
+    plain = locator_input(
+        Query("q3", "m1", "Which venue did we pick?", datetime(2023, 5, 10)), store, [], PromptSettings(options=True)
+    )
+    assert "O1 rules" not in plain.messages[-1]["content"] and "O2 top-days" in plain.messages[-1]["content"]
+    bad = parse_prediction('{"temporal": true, "windows": [{"option": 1}]}', granularity="day", refs=plain)
+    assert bad.failure is ParseFailure.BAD_REFERENCE
+
+
+def test_a_checkpoint_from_before_options_is_prompted_without_them():
+    from tider.locator.contract import LocatorMetadata, output_schema
+
+    old = {k: v for k, v in PromptSettings().to_json().items() if k != "options"}
+    settings = PromptSettings.from_json(old)
+    assert settings.options is False
+    table = _input(settings)
+    assert "Options:" not in table.messages[-1]["content"] and "option" not in table.messages[0]["content"]
+    assert table.options == () and "option" not in json.dumps(table.schema())
+    LocatorMetadata(prompt_settings=old, output_schema=output_schema(marks=True, options=False)).validate("old")
+    LocatorMetadata().validate("defaults")  # a --skip-check server: the default prompt and its schema
+
+
 def test_removed_prompt_settings_read_at_their_shipped_values_only():
     shipped = {
         **PromptSettings().to_json(),

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tider.train.dar import dar_resample, effective_probabilities
-from tider.train.examples import PromptBuilder, grpo_records, sft_records, split_keys, split_queries
+from tider.train.examples import (
+    PromptBuilder,
+    gold_answer,
+    grpo_records,
+    option_answers,
+    sft_records,
+    split_keys,
+    split_queries,
+)
 
 LOCOMO_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
 
@@ -73,12 +82,14 @@ def test_records_carry_gold_only_in_completion_and_columns(small):
     from tider.scoring import evidence_gain, window_iou
     from tider.types import NON_TEMPORAL
 
+    from tider.locator.prompt import PromptSettings
+
     ds, store = small
-    builder = PromptBuilder(ds, store)
-    queries = ds.queries[:24]
+    builder = PromptBuilder(ds, store, settings=PromptSettings(options=True))
+    queries = ds.queries  # 80: about one target in 80 is an option on this synthetic data
     sft = sft_records(queries, builder)
     grpo = grpo_records(queries, builder)
-    committed = 0
+    committed = options = 0
     for q, s, g in zip(queries, sft, grpo):
         assert s["prompt"] == g["prompt"] and [m["role"] for m in s["prompt"]] == ["system", "user"]
         target = s["completion"][0]["content"]
@@ -86,20 +97,31 @@ def test_records_carry_gold_only_in_completion_and_columns(small):
         # the target commits to the gold windows unless they would retrieve less evidence than none
         assert parsed.ok and parsed.prediction.temporal == g["gold_temporal"]
         assert g["n_gold_windows"] == (len(q.gold.windows) if q.gold.temporal else 0)
-        if parsed.prediction.temporal:  # the references cover the gold windows, and they pay
+        gain = builder.evidence_gains(q, builder.build(q))
+        if parsed.prediction.temporal:
             committed += 1
-            assert q.gold.temporal and window_iou(parsed.prediction.windows, q.gold.windows, "day") > 0
             got, base = (store.retrieve(q.public(), p)[0] for p in (parsed.prediction, NON_TEMPORAL))
             assert evidence_gain(got, base, q.gold.evidence_ids, 5) >= 0
-            assert g["gold_windows"] and len(g["gold_windows"]) == len(q.gold.windows)
+            if s["target"] == "gold":  # the references cover the gold windows, and they pay
+                assert q.gold.temporal and window_iou(parsed.prediction.windows, q.gold.windows, "day") > 0
+                assert g["gold_windows"] and len(g["gold_windows"]) == len(q.gold.windows)
+            else:  # an option retrieves more than the gold references and than no window
+                options += 1
+                assert gain(json.loads(target)) > 0 and len(g["gold_windows"]) == len(parsed.prediction.windows)
         else:
             assert g["gold_windows"] == []
+        # no listed option and not the gold references retrieve more than the target
+        table = builder.build(q)
+        for other in [gold_answer(q, table, "day"), *option_answers(table)]:
+            if other["temporal"] and q.gold.evidence_ids:
+                assert gain(other) <= max(gain(json.loads(target)), 0.0) + 1e-9, (q.key, other, target)
         assert g["evidence_ids"] == list(q.gold.evidence_ids) and g["memory_key"] == q.memory_key
         prompt_text = s["prompt"][1]["content"]
         assert q.text in prompt_text
         if q.gold.answer and len(q.gold.answer) > 6:
             assert q.gold.answer not in prompt_text.split("Timeline:")[0]  # the question block never holds the answer
     assert 0 < committed < len(queries)  # both kinds of target occur
+    assert options > 0  # and some targets are options
 
 
 def test_gold_answer_points_at_the_tightest_reference():
@@ -145,9 +167,23 @@ def test_reach_counts_what_the_prompt_can_express():
     rows = {}
     for query in (q("a", 3), q("b", 5), q("c", 1, 20)):
         rows[query.key] = reach(query, table, gold_answer(query, table, "day"), "day")
-    assert rows["a"] == {"gold": 1, "touched": 1, "exact": 1, "whole": True, "abstain": False}
-    assert rows["b"] == {"gold": 1, "touched": 1, "exact": 0, "whole": True, "abstain": False}  # inside the week
-    assert rows["c"] == {"gold": 2, "touched": 1, "exact": 1, "whole": False, "abstain": False}  # May 20 is dropped
+    assert rows["a"] == {"gold": 1, "touched": 1, "exact": 1, "whole": True, "abstain": False, "option": False}
+    assert rows["b"] == {
+        "gold": 1,
+        "touched": 1,
+        "exact": 0,
+        "whole": True,
+        "abstain": False,
+        "option": False,
+    }  # inside
+    assert rows["c"] == {
+        "gold": 2,
+        "touched": 1,
+        "exact": 1,
+        "whole": False,
+        "abstain": False,
+        "option": False,
+    }  # May 20
     assert reach(Query("n", "m", "?", datetime(2023, 5, 10), gold=Gold(temporal=False)), table, {}, "day") == {}
     records = [{"query_key": k, "reach": r} for k, r in rows.items()] + [{"query_key": "n", "reach": {}}]
     shares = reachability(records, {"one": ["ma", "mb"], "two": ["mc"]}, {k: "m" + k for k in "abcn"})
@@ -158,6 +194,8 @@ def test_reach_counts_what_the_prompt_can_express():
         "gold_windows_exact": 0.5,
         "targets_whole": pytest.approx(2 / 3),
         "targets_abstain": 0.0,
+        "targets_option": 0.0,
+        "targets_by_kind": {},
     }
     assert shares["one"]["questions"] == 2 and shares["two"]["gold_windows_touched"] == 0.5
 

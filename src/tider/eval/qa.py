@@ -142,7 +142,7 @@ class QARun:
             "locator",
             outcomes[-1].messages,
             allowed_parts=list(inputs[-1].parts),
-            template_text=system_prompt(self.dataset.granularity),
+            template_text=system_prompt(self.dataset.granularity, options=True),  # either form
         )
 
     def select_stage(self, w: str) -> Stage:

@@ -28,6 +28,12 @@ from typing import Any
 # marks H<k>, h<hits>/<size>, T) and answers "no window" where none would help.
 PROMPT_VERSION = "locator-v3"
 MAX_WINDOWS = 8
+# The learning-free answers a prompt with options lists, numbered O1..O5 in this order in
+# every prompt (tider.locator.options): {"option": n} answers exactly what that rule answers.
+OPTION_NAMES = ("rules", "top-days", "top-day 1", "top-day 2", "top-day 3")
+# Off in every recipe until a GRPO schedule is chosen for it on validation (docs/experiments.md,
+# "Options in the prompt"); PromptSettings.options defaults to this.
+OPTIONS_DEFAULT = False
 
 
 def _ref(name: str, maximum: int | None) -> dict:
@@ -48,29 +54,46 @@ def _mark_ref(labels) -> dict:
     return {"type": "object", "properties": {"mark": label}, "required": ["mark"], "additionalProperties": False}
 
 
-def output_schema(n_lines: int | None = None, n_cues: int | None = None, marks=None) -> dict[str, Any]:
+def output_schema(
+    n_lines: int | None = None, n_cues: int | None = None, marks=None, options: bool = True
+) -> dict[str, Any]:
     """The answer's JSON schema: windows are ``{"mark": "H1"}`` (the line carrying that
-    mark), ``{"entry": k}`` (a timeline line), ``{"cue": j}`` (a resolved time cue) or
+    mark), ``{"entry": k}`` (a timeline line), ``{"cue": j}`` (a resolved time cue),
+    ``{"option": n}`` (learning-free option n, when the prompt lists ``options``) or
     ``{"start", "end"}``. With ``n_lines``/``n_cues``/``marks`` (one prompt's table: its
     mark labels) the references are bounded, so a grammar-constrained server cannot point
     past the table; ``marks=True`` allows any label (the parser checks it). Kept to anyOf, integer bounds
     and enums, which vLLM's xgrammar and OpenAI's strict mode accept; the parser checks
     dates and consistency."""
-    options = [_ref("entry", n_lines)] + ([] if n_cues == 0 else [_ref("cue", n_cues)])
-    options += [_mark_ref(marks)] if marks else []
-    options += [_SPAN]
+    refs = [_ref("entry", n_lines)] + ([] if n_cues == 0 else [_ref("cue", n_cues)])
+    refs += [_mark_ref(marks)] if marks else []
+    refs += [_ref("option", len(OPTION_NAMES))] if options else []
+    refs += [_SPAN]
     return {
         "type": "object",
         "properties": {
             "temporal": {"type": "boolean"},
-            "windows": {"type": "array", "maxItems": MAX_WINDOWS, "items": {"anyOf": options}},
+            "windows": {"type": "array", "maxItems": MAX_WINDOWS, "items": {"anyOf": refs}},
         },
         "required": ["temporal", "windows"],
         "additionalProperties": False,
     }
 
 
+# Any answer of any prompt (options included): what the parser and a local model's output
+# are checked against. A checkpoint records the schema of its own prompt (``recorded_schema``).
 OUTPUT_SCHEMA: dict[str, Any] = output_schema(marks=True)
+
+
+def recorded_options(prompt_settings: dict | None) -> bool:
+    """Whether a checkpoint's prompt lists the options: recorded settings without the key
+    predate them (off); no recorded settings means the defaults."""
+    return bool(prompt_settings.get("options", False)) if prompt_settings else OPTIONS_DEFAULT
+
+
+def recorded_schema(prompt_settings: dict | None) -> dict[str, Any]:
+    """The output schema of the prompt these settings build."""
+    return output_schema(marks=True, options=recorded_options(prompt_settings))
 
 
 @dataclass(frozen=True)
@@ -169,7 +192,7 @@ class LocatorMetadata:
     source_layout: str | None = None
     dtype: str | None = None
     prompt_version: str = PROMPT_VERSION
-    output_schema: dict = field(default_factory=lambda: json.loads(json.dumps(OUTPUT_SCHEMA)))
+    output_schema: dict = field(default_factory=lambda: recorded_schema(None))
     format: int = METADATA_FORMAT
 
     # ------------------------------------------------------------------ files
@@ -223,8 +246,8 @@ class LocatorMetadata:
                 "the model would be prompted with a format it was not trained on (retrain it with this version: "
                 "`tider sft` then `tider grpo`)"
             )
-        if self.output_schema != OUTPUT_SCHEMA:
-            raise LocatorContractError(f"{where}: output_schema differs from tider.locator.contract.OUTPUT_SCHEMA")
+        if self.output_schema != recorded_schema(self.prompt_settings):
+            raise LocatorContractError(f"{where}: output_schema differs from tider.locator.contract.output_schema")
         if self.granularity is not None and self.granularity not in GRANULARITIES:
             raise LocatorContractError(f"{where}: granularity {self.granularity!r} is not one of {GRANULARITIES}")
         try:

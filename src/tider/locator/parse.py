@@ -1,6 +1,7 @@
 """Read a locator completion back into a ``WindowPrediction`` — or a typed failure.
 
-Windows are ``{"mark": "H1"}`` (the line carrying that mark), ``{"entry": k}`` /
+Windows are ``{"mark": "H1"}`` (the line carrying that mark), ``{"option": n}`` (the
+learning-free answer listed as option n: its windows, exactly), ``{"entry": k}`` /
 ``{"cue": j}`` references into the prompt's table (``tider.locator.prompt.LocatorInput``:
 line spans and cue ranges, 1-based) or explicit ``{"start", "end"}``; ``refs`` carries
 that table. A reference past the table is
@@ -51,6 +52,7 @@ class Refs:
     lines: tuple[Window, ...] = ()
     cues: tuple[Window, ...] = ()
     marks: tuple[tuple[str, int], ...] = ()
+    options: tuple[tuple[Window, ...], ...] = ()
 
     @classmethod
     def of(cls, obj) -> Refs:
@@ -61,12 +63,19 @@ class Refs:
             obj = json.loads(obj) if obj else {}
         if isinstance(obj, dict):
 
+            def window(row):  # [start, end] or [start, end, core start, core end]
+                ends = [isoparse(t) for t in row]
+                return Window(ends[0], ends[1], Window(ends[2], ends[3]) if len(ends) == 4 else None)
+
             def windows(rows):
-                return tuple(Window(isoparse(a), isoparse(b)) for a, b in rows)
+                return tuple(window(r) for r in rows)
 
             marks = tuple((str(m), int(k)) for m, k in obj.get("marks", {}).items())
-            return cls(windows(obj.get("lines", ())), windows(obj.get("cues", ())), marks)
-        return cls(tuple(obj.lines), tuple(obj.cues), tuple(getattr(obj, "marks", ())))
+            options = tuple(windows(o) for o in obj.get("options", ()))
+            return cls(windows(obj.get("lines", ())), windows(obj.get("cues", ())), marks, options)
+        return cls(
+            tuple(obj.lines), tuple(obj.cues), tuple(getattr(obj, "marks", ())), tuple(getattr(obj, "options", ()))
+        )
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,18 @@ def _parse_time(value: str, granularity: Granularity) -> datetime:
 
 def _end_of_unit(ts: datetime, granularity: Granularity) -> datetime:
     return floor_time(ts, granularity) + GRANULARITY_UNIT[granularity] - timedelta(microseconds=1)
+
+
+def _windows(raw: dict, refs: Refs, granularity: Granularity) -> tuple[tuple[Window, ...], ParseResult | None]:
+    """One raw window -> (windows, None) or ((), failure): an option stands for its rule's
+    windows, exactly as the rule answers them; every other reference for one window."""
+    if "option" in raw:
+        n = raw["option"]
+        if not 1 <= n <= len(refs.options) or not refs.options[n - 1]:
+            return (), ParseResult(None, ParseFailure.BAD_REFERENCE, f"option {n} is not listed in the prompt")
+        return refs.options[n - 1], None
+    window, failure = _window(raw, refs, granularity)
+    return ((window,) if window is not None else ()), failure
 
 
 def _window(raw: dict, refs: Refs, granularity: Granularity) -> tuple[Window | None, ParseResult | None]:
@@ -170,13 +191,14 @@ def parse_prediction(
     table = Refs.of(refs)
     windows = []
     for raw in raw_windows:
-        window, failure = _window(raw, table, granularity)
+        found, failure = _windows(raw, table, granularity)
         if failure is not None:
             return failure
-        if memory_span is not None:
-            lo = floor_time(memory_span.start, granularity)
-            hi = _end_of_unit(memory_span.end, granularity)
-            if window.end < lo or window.start > hi:
-                return ParseResult(None, ParseFailure.OUTSIDE_MEMORY, f"{raw!r} outside memory span")
-        windows.append(window)
+        for window in found:
+            if memory_span is not None:
+                lo = floor_time(memory_span.start, granularity)
+                hi = _end_of_unit(memory_span.end, granularity)
+                if window.end < lo or window.start > hi:
+                    return ParseResult(None, ParseFailure.OUTSIDE_MEMORY, f"{raw!r} outside memory span")
+            windows.append(window)
     return ParseResult(WindowPrediction(temporal=True, windows=tuple(sorted(set(windows)))))

@@ -51,8 +51,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from tider.data.gold import unit_window
-from tider.locator.contract import MAX_WINDOWS, OUTPUT_SCHEMA, PROMPT_VERSION, output_schema
+from tider.locator.contract import MAX_WINDOWS, OPTIONS_DEFAULT, OUTPUT_SCHEMA, PROMPT_VERSION, output_schema
 from tider.locator.lines import LineConfig, entry_scores, select_lines
+from tider.locator.options import learning_free_options, option_lines
 from tider.types import Granularity, Query, Window, format_time
 
 LINE_WORDS = 12  # a line shows its best message clipped to this many words
@@ -68,6 +69,11 @@ holds 9 messages. Answer with one JSON object and nothing else, pointing at the 
 {"start": "<time>", "end": "<time>"}]} (any mix, at most {max_windows} windows, times as
 {time_format}), or, when no window would help:
 {"temporal": false, "windows": []}"""
+
+OPTIONS_PROMPT = """
+Options O1.. are what learning-free rules answer for this question ({"option": <option number>}
+answers exactly that): O1 rules (the question's time expressions, a day of padding), O2 top-days
+(the first three days the search hits), O3..O5 each of those days alone."""
 
 TIME_FORMATS = {"day": "YYYY-MM-DD", "minute": "YYYY-MM-DDTHH:MM"}
 # The marks a {"mark"} answer may name. A cue mark (C<j>) can sit on several lines;
@@ -95,6 +101,7 @@ class PromptSettings:
     max_prompt_tokens: int = 3584
     system_prompt: bool = True  # the instructions above; a from-scratch model learns the task without them
     question_words: int = 64  # the question is clipped to this many words; the lines carry the signal
+    options: bool = OPTIONS_DEFAULT  # list the learning-free answers as options O1.. (tider.locator.options)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -108,6 +115,7 @@ class PromptSettings:
                     f"prompt setting {name!r} was removed (its value here cannot be rebuilt); commit "
                     f"{LAST_COMMIT_WITH_REMOVED_SETTINGS} is the last that supports it"
                 )
+        data.setdefault("options", False)  # recorded before options existed: a prompt without them
         return cls(lines=LineConfig(**data.pop("lines", {})), **data)
 
 
@@ -119,24 +127,33 @@ class LocatorInput:
     lines: tuple[Window, ...]
     cues: tuple[Window, ...]
     marks: tuple[tuple[str, int], ...] = ()  # (mark label, line number) a {"mark"} answer resolves with
+    options: tuple[tuple[Window, ...], ...] = ()  # option n's windows at n-1 (empty: not offered); () if unlisted
     # The rendered public pieces (question block, cue lines, timeline lines): what the leak
     # validator accepts in the prompt besides the fixed template.
     parts: tuple[str, ...] = ()
 
     def schema(self) -> dict:
-        return output_schema(len(self.lines), len(self.cues), [m for m, _ in self.marks])
+        return output_schema(len(self.lines), len(self.cues), [m for m, _ in self.marks], bool(self.options))
 
     def refs_json(self, granularity: Granularity) -> str:
-        """The table as a compact JSON string (a GRPO dataset column the rewards read)."""
+        """The table as a compact JSON string (a GRPO dataset column the rewards read). An
+        option's windows are exact, to the microsecond, with their cores (``[start, end]``
+        or ``[start, end, core start, core end]``): an option answers what its rule does."""
+
+        def exact(w: Window) -> list[str]:
+            return [t.isoformat() for t in (w.start, w.end, *((w.core.start, w.core.end) if w.core else ()))]
+
         table = {
             "lines": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.lines],
             "cues": [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in self.cues],
         }
-        return json.dumps({**table, "marks": dict(self.marks)})
+        options = [[exact(w) for w in windows] for windows in self.options]
+        return json.dumps({**table, "marks": dict(self.marks), "options": options})
 
 
-def system_prompt(granularity: Granularity) -> str:
-    return SYSTEM_PROMPT.replace("{time_format}", TIME_FORMATS[granularity]).replace("{max_windows}", str(MAX_WINDOWS))
+def system_prompt(granularity: Granularity, options: bool = False) -> str:
+    text = SYSTEM_PROMPT.replace("{time_format}", TIME_FORMATS[granularity]).replace("{max_windows}", str(MAX_WINDOWS))
+    return text + OPTIONS_PROMPT if options else text
 
 
 def clip_words(text: str, n: int) -> str:
@@ -180,10 +197,14 @@ def entry_line(k: int, facts: LineFacts, granularity: Granularity) -> str:
     )
 
 
-def render(query: Query, cue_lines: list[str], lines: list[str], granularity: Granularity, words: int) -> str:
+def render(
+    query: Query, cue_lines: list[str], lines: list[str], granularity: Granularity, words: int, options=None
+) -> str:
+    """The user message; ``options``: the option lines (None: a prompt without them)."""
     cues = "\n".join(cue_lines) if cue_lines else "(none)"
     timeline = "\n".join(lines) if lines else "(no timeline entries)"
-    return f"{question_block(query, granularity, words)}\nCues:\n{cues}\nTimeline:\n{timeline}"
+    listed = "" if options is None else "\nOptions:\n" + ("\n".join(options) if options else "(none)")
+    return f"{question_block(query, granularity, words)}\nCues:\n{cues}{listed}\nTimeline:\n{timeline}"
 
 
 def count_tokens(tokenizer, messages: list[dict]) -> int:
@@ -240,21 +261,31 @@ def locator_input(
         raise ValueError(f"query {query_public.key!r}: locator_input takes query.public(), not a query with gold")
     granularity = store.messages(query_public.memory_key).granularity
     priority, facts = line_facts(query_public, store, cues, settings, query_vector)
-    head = [{"role": "system", "content": system_prompt(granularity)}] if settings.system_prompt else []
+    head = (
+        [{"role": "system", "content": system_prompt(granularity, settings.options)}] if settings.system_prompt else []
+    )
     cue_text = [cue_line(j, c, granularity) for j, c in enumerate(cues, start=1)]
+    options = learning_free_options(query_public, store, cues) if settings.options else ()
+    option_text = option_lines(options, granularity) if settings.options else None
 
     def build(n: int) -> LocatorInput:
         shown = sorted(priority[:n])
         text = [entry_line(k, facts[i], granularity) for k, i in enumerate(shown, start=1)]
-        user = render(query_public, cue_text, text, granularity, settings.question_words)
+        user = render(query_public, cue_text, text, granularity, settings.question_words, option_text)
         refs = tuple((m, k) for k, i in enumerate(shown, start=1) for m in facts[i].marks if POINTER_MARK.fullmatch(m))
-        parts = (question_block(query_public, granularity, settings.question_words), *cue_text, *text)
+        parts = (
+            question_block(query_public, granularity, settings.question_words),
+            *cue_text,
+            *(option_text or ()),
+            *text,
+        )
         return LocatorInput(
             head + [{"role": "user", "content": user}],
             tuple(facts[i].span for i in shown),
             tuple(c.window for c in cues),
             refs,
-            parts,
+            options=options,
+            parts=parts,
         )
 
     if tokenizer is None:

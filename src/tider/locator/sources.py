@@ -179,6 +179,11 @@ class TopDayWindow(BaseSource):
         self.days = days
 
     def predict(self, query: Query, store) -> WindowPrediction:
+        windows = self.hit_days(query, store)
+        return WindowPrediction(temporal=True, windows=tuple(sorted(windows))) if windows else NON_TEMPORAL
+
+    def hit_days(self, query: Query, store) -> list:
+        """The first ``days`` distinct (padded) days the ranking hits, in the order it hits them."""
         messages = store.messages(query.memory_key)
         windows: list = []
         for i in store.ranking(query).ids:
@@ -187,7 +192,7 @@ class TopDayWindow(BaseSource):
                 windows.append(day)
             if len(windows) == self.days:
                 break
-        return WindowPrediction(temporal=True, windows=tuple(sorted(windows))) if windows else NON_TEMPORAL
+        return windows
 
 
 @register_source("top-days")

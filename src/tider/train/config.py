@@ -61,6 +61,10 @@ class LocatorScriptArguments:
     prompt_question_words: int = field(
         default=PromptSettings().question_words, metadata={"help": "The question is clipped to this many words."}
     )
+    prompt_options: bool = field(
+        default=PromptSettings().options,
+        metadata={"help": "List the learning-free answers (rules, top-days, top-day k) as options O1.. in the prompt."},
+    )
     max_prompt_tokens: int = field(
         default=PromptSettings().max_prompt_tokens,
         metadata={"help": "Prompt token budget; the least-needed timeline lines are dropped to fit."},
@@ -113,6 +117,7 @@ class LocatorScriptArguments:
             max_prompt_tokens=self.max_prompt_tokens,
             system_prompt=self.prompt_system_message,
             question_words=self.prompt_question_words,
+            options=self.prompt_options,
         )
 
 

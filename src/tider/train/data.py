@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from tider.locator.contract import NO_THINKING, OUTPUT_SCHEMA, LocatorMetadata, input_settings
+from tider.locator.contract import NO_THINKING, LocatorMetadata, input_settings, recorded_schema
 from tider.types import Dataset
 
 
@@ -126,7 +126,7 @@ def training_metadata(
     return LocatorMetadata(
         granularity=dataset.granularity,
         prompt_settings=settings,
-        output_schema=OUTPUT_SCHEMA,
+        output_schema=recorded_schema(settings),
         chat_template_kwargs=dict(chat_template_kwargs or NO_THINKING),
         training_data_hash=training_data_hash(dataset, train_query_keys),
         dataset_name=dataset.name,

@@ -19,6 +19,7 @@ import json
 import random
 from collections.abc import Iterable, Sequence
 
+from tider.locator.contract import OPTION_NAMES
 from tider.locator.parse import parse_prediction
 from tider.locator.prompt import PromptSettings, locator_input
 from tider.scoring import evidence_gain
@@ -145,6 +146,27 @@ def gold_answer(query: Query, table, granularity) -> dict:
 
 
 ABSTAIN = {"temporal": False, "windows": []}
+DEFAULT_OPTION = "top-days"  # the best learning-free source on the real validation split
+
+
+def option_answers(table) -> list[dict]:
+    """``{"option": n}`` for each learning-free option the prompt lists, the default
+    (``top-days``) first."""
+    order = sorted(range(1, len(table.options) + 1), key=lambda n: (OPTION_NAMES[n - 1] != DEFAULT_OPTION, n))
+    return [{"temporal": True, "windows": [{"option": n}]} for n in order if table.options[n - 1]]
+
+
+def is_option(answer: dict) -> bool:
+    return any("option" in w for w in answer.get("windows", ()))
+
+
+def target_kind(answer: dict) -> str:
+    """``no window``, ``gold`` (references to the gold windows) or the option's name."""
+    from tider.locator.contract import OPTION_NAMES
+
+    if not answer["temporal"]:
+        return "no window"
+    return OPTION_NAMES[answer["windows"][0]["option"] - 1] if is_option(answer) else "gold"
 
 
 class PromptBuilder:
@@ -175,14 +197,21 @@ class PromptBuilder:
         return locator_input(public, self.store, cues, self.settings, query_vector=vector, tokenizer=self.tokenizer)
 
     def target(self, query: Query, table) -> dict:
-        """The gold windows as references (``gold_answer``), unless they would retrieve less
-        of the evidence than no window does (then "no window"). Where the gold windows add
-        nothing, pointing at them is still right and costs nothing; the locator learns to
-        abstain where it cannot point at the evidence or where pointing at it hurts."""
+        """The answer that retrieves the most of the evidence beyond no window: one of the
+        learning-free options the prompt lists (the default, top-days, first) or the gold
+        windows as references (``gold_answer``); on a tie the option, a rule the model can
+        apply from the prompt alone. Where nothing adds evidence, the gold references if they
+        lose none (pointing at the evidence costs nothing), else "no window". So the locator
+        learns which rule helps where, and to abstain where pointing at the evidence hurts."""
         answer = gold_answer(query, table, self.dataset.granularity)
-        if not answer["temporal"] or not query.gold.evidence_ids:
+        if not query.gold.evidence_ids:
             return answer
-        return answer if self.evidence_gains(query, table)(answer) >= 0 else ABSTAIN
+        gain = self.evidence_gains(query, table)
+        gains = [(gain(c), c) for c in option_answers(table) + ([answer] if answer["temporal"] else [])]
+        best = max((g for g, _ in gains), default=-1.0)
+        if best > 0:  # the first that retrieves the most: an option before the gold references
+            return next(c for g, c in gains if g == best)
+        return answer if answer["temporal"] and gains[-1][0] == 0 else ABSTAIN
 
     def evidence_gains(self, query: Query, table):
         """``gain(answer)``: the share of ``query``'s evidence ``answer`` (an answer into
@@ -215,6 +244,7 @@ def sft_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
                 "query_key": q.key,
                 "category": q.category or "",
                 "reach": reach(q, table, target, builder.dataset.granularity),
+                "target": target_kind(target),
             }
         )
     return records
@@ -223,8 +253,8 @@ def sft_records(queries: Sequence[Query], builder: PromptBuilder) -> list[dict]:
 def reach(query: Query, table, target: dict, granularity) -> dict:
     """What one prompt can express of a temporal question's gold windows: how many there
     are, how many a line or cue touches (IoU > 0: ``gold_answer`` can point at them) and
-    how many one reference covers exactly (IoU 1), and whether the target names them all
-    or abstains. Non-temporal questions: ``{}``."""
+    how many one reference covers exactly (IoU 1), and whether the target names them all,
+    abstains, or is an option. Non-temporal questions: ``{}``."""
     if not query.gold.temporal or not query.gold.windows:
         return {}
     best = [
@@ -235,8 +265,9 @@ def reach(query: Query, table, target: dict, granularity) -> dict:
         "gold": len(best),
         "touched": touched,
         "exact": sum(b >= 1.0 for b in best),
-        "whole": bool(target["temporal"]) and touched == len(best),
+        "whole": target_kind(target) == "gold" and touched == len(best),
         "abstain": not target["temporal"],
+        "option": is_option(target),
     }
 
 
@@ -246,7 +277,9 @@ def reachability(records: Sequence[dict], groups: dict | None = None, memory_of:
     the prompt touches and those it can say exactly; of the temporal questions, those whose
     target names every gold window and those whose target abstains."""
 
-    def shares(rows: list[dict]) -> dict:
+    def shares(records: list[dict]) -> dict:
+        kinds = [r["target"] for r in records if "target" in r]
+        rows = [r.get("reach", {}) for r in records]
         rows = [r for r in rows if r]
         windows = sum(r["gold"] for r in rows)
         return {
@@ -256,12 +289,15 @@ def reachability(records: Sequence[dict], groups: dict | None = None, memory_of:
             "gold_windows_exact": sum(r["exact"] for r in rows) / windows if windows else None,
             "targets_whole": sum(r["whole"] for r in rows) / len(rows) if rows else None,
             "targets_abstain": sum(r["abstain"] for r in rows) / len(rows) if rows else None,
+            "targets_option": sum(r.get("option", False) for r in rows) / len(rows) if rows else None,
+            # every question's target, temporal or not: what SFT teaches to answer
+            "targets_by_kind": {k: kinds.count(k) / len(kinds) for k in sorted(set(kinds))},
         }
 
-    out = {"pooled": shares([r.get("reach", {}) for r in records])}
+    out = {"pooled": shares(list(records))}
     where = {key: name for name, keys in (groups or {}).items() for key in keys}
     for name in groups or {}:
-        part = [r.get("reach", {}) for r in records if where.get((memory_of or {}).get(r["query_key"])) == name]
+        part = [r for r in records if where.get((memory_of or {}).get(r["query_key"])) == name]
         out[name] = shares(part)
     return out
 
@@ -271,7 +307,10 @@ def reward_columns(q: Query, table, granularity, target: dict) -> dict:
     as kwargs): the prompt's reference table (``refs``) and the labels. ``switch`` and
     ``window_iou`` score against the target (``PromptBuilder.target``): where no window
     pays, "no window" is right; ``n_gold_windows`` (DAR's bucket) is the data's count."""
-    windows = [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in q.gold.windows]
+    gold = q.gold.windows
+    if is_option(target):  # the option's own windows are what the target names
+        gold = parse_prediction(json.dumps(target), granularity=granularity, refs=table).prediction.windows
+    windows = [[format_time(w.start, granularity), format_time(w.end, granularity)] for w in gold]
     return {
         "refs": table.refs_json(granularity),
         "query_key": q.key,
@@ -280,7 +319,7 @@ def reward_columns(q: Query, table, granularity, target: dict) -> dict:
         "granularity": granularity,
         "gold_temporal": bool(target["temporal"]),
         "gold_windows": windows if target["temporal"] else [],
-        "n_gold_windows": len(windows) if q.gold.temporal else 0,
+        "n_gold_windows": len(q.gold.windows) if q.gold.temporal else 0,
         "evidence_ids": list(q.gold.evidence_ids),
         "answer": q.gold.answer or "",
     }

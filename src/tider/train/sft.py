@@ -66,13 +66,14 @@ def report_reachability(records, dataset, training_args) -> dict:
         if row["gold_windows"] and not (name == "pooled" and len(groups) == 1):  # one dataset: its row is the pool
             logger.info(
                 "reachability (%s, train): %d temporal questions; gold windows touched %.3f, exact %.3f; "
-                "targets naming every gold window %.3f, abstaining %.3f",
+                "targets naming every gold window %.3f, abstaining %.3f; every question's target: %s",
                 name,
                 row["questions"],
                 row["gold_windows_touched"],
                 row["gold_windows_exact"],
                 row["targets_whole"],
                 row["targets_abstain"],
+                ", ".join(f"{k} {v:.3f}" for k, v in row["targets_by_kind"].items()),
             )
     if training_args.process_index == 0:
         out = Path(training_args.output_dir)
