@@ -79,10 +79,9 @@ def test_locomo_dev_conversations_split_the_same_way():
 
 def test_records_carry_gold_only_in_completion_and_columns(small):
     from tider.locator.parse import parse_prediction
+    from tider.locator.prompt import PromptSettings
     from tider.scoring import evidence_gain, window_iou
     from tider.types import NON_TEMPORAL
-
-    from tider.locator.prompt import PromptSettings
 
     ds, store = small
     builder = PromptBuilder(ds, store, settings=PromptSettings(options=True))

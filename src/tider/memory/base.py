@@ -232,9 +232,8 @@ class MemoryBase(abc.ABC):
         """The ``Query`` a window source sees (no gold: nothing on this path has any)."""
         if not isinstance(text, str):
             raise MemoryInputError("text", f"expected a string, got {type(text).__name__}")
-        checked_text(text, "text")
-        if user is not None:
-            checked_text(user, "user")
+        text = checked_text(text, "text")
+        user = checked_text(user, "user") if user is not None else None
         when = to_utc(asked_at, "asked_at") if asked_at is not None else None
         if when is None:
             when = self._newest() or datetime(1970, 1, 1)

@@ -60,22 +60,20 @@ def to_utc(value: Any, field: str) -> datetime:
 
 
 # C0 controls other than tab, newline and carriage return: PostgreSQL cannot store NUL, and
-# none of them is text a person wrote. Refused the same way on every backend.
+# none of them is text a person wrote (real conversations carry a few: RealMem has U+0002).
+# Every backend stores the text without them, so both store and return the same text.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def checked_text(value: str, field: str) -> str:
-    """``value`` if every backend can store and search it, else a ``MemoryInputError`` (the
-    service's 422): no control characters but tab and newlines, valid Unicode (no lone
-    surrogate, which a JSON ``\\ud800`` escape can carry)."""
-    bad = _CONTROL.search(value)
-    if bad:
-        raise MemoryInputError(field, f"holds control character U+{ord(bad.group()):04X} at position {bad.start()}")
+    """``value`` as every backend stores and searches it: control characters other than tab
+    and newlines removed; a lone surrogate (a JSON ``\\ud800`` escape: not valid Unicode,
+    which no backend can encode) is a ``MemoryInputError``, the service's 422."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as err:
         raise MemoryInputError(field, f"not valid Unicode at position {err.start} (a lone surrogate)") from None
-    return value
+    return _CONTROL.sub("", value)
 
 
 def _text(record: Mapping, name: str, where: str, required: bool = False, default: str | None = None) -> str | None:
