@@ -217,6 +217,8 @@ def test_grpo_three_nodes_server_mode(production_sft, recipe_work, recipe_data, 
     ]
     assert resolved[0] > 0 and resolved[1:] == [0, 0, 0], resolved  # rank 0 prepared, the others read its cache
     assert status != 0 and "weight sync" in log and "CUDA" in log, log[-6000:]
+    # the exact call that failed is the weight-sync channel's setup, nothing before it
+    assert "the call that failed: vllm_client.py:init_communicator" in log, log[-6000:]
     assert "connected to the vLLM server" in log
 
 

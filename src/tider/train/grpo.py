@@ -182,9 +182,20 @@ def vllm_server_connection(training_args):
             raise
         raise RuntimeError(
             f"vLLM server mode: the server at {base} answers, but weight sync to it needs CUDA "
-            f"(TRL uses vLLM's NCCL weight-transfer engine); on CPU use vllm_mode: colocate "
-            f"({type(exc).__name__}: {exc})"
+            f"(TRL uses vLLM's NCCL weight-transfer engine; the call that failed: {failed_call(exc)}); "
+            f"on CPU use vllm_mode: colocate ({type(exc).__name__}: {exc})"
         ) from exc
+
+
+def failed_call(exc: BaseException) -> str:
+    """The innermost TRL call in ``exc``'s traceback (``VLLMClient.init_communicator`` when the
+    weight-sync channel is what failed), else the innermost call."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    trl = [f for f in frames if "/trl/" in f.filename.replace("\\", "/")]
+    frame = (trl or frames)[-1] if frames else None
+    return f"{Path(frame.filename).name}:{frame.name}" if frame else "unknown"
 
 
 def run_grpo(script_args, training_args, model_args, *, dataset=None, store=None):
