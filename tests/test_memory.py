@@ -241,3 +241,19 @@ def test_kill_9_during_add_keeps_every_returned_add_and_no_half(delay, tmp_path)
         msgs, _ = records(n, seed=7)
         assert sorted(m.key for m in mem.messages()) == sorted(m["key"] for m in msgs[:n])
         mem.close()
+
+
+def test_memories_of_one_process_share_one_embedder_with_a_bounded_memo(tmp_path, monkeypatch):
+    """Issue 44 item 3: every memory opened without an embedder uses the process's one
+    Embedder (one model in memory, not one per memory), and its vector memo is bounded."""
+    from tider.retrieval import embed
+
+    a, b = TemporalMemory(tmp_path / "a"), TemporalMemory(tmp_path / "b")
+    assert a.state.embedder is b.state.embedder is embed.shared_embedder()
+    a = a.state
+    monkeypatch.setattr(embed, "MEMO_SIZE", 3)
+    vectors = a.embedder.encode([f"note {i}" for i in range(5)])
+    assert len(a.embedder._memory) == 3 and list(a.embedder._memory) == [
+        embed.text_hash(f"note {i}") for i in (2, 3, 4)
+    ]
+    assert np.allclose(a.embedder.encode(["note 0"])[0], vectors[0])  # read back from the disk cache

@@ -34,10 +34,10 @@ def import_dataset(
     from tqdm.auto import tqdm
 
     if embedder is None:
-        from tider.retrieval.embed import Embedder
+        from tider.retrieval.embed import shared_embedder
 
         cfg = config or RetrievalConfig()
-        embedder = Embedder(cfg.embedding_model, cfg.embedding_cache_dir)
+        embedder = shared_embedder(cfg.embedding_model, cfg.embedding_cache_dir)
     keys = list(dataset.memories)[:limit]
     names = [store_name(k) for k in keys]
     if len(set(names)) != len(names):

@@ -134,9 +134,9 @@ class MemoryState:
         self.config = config or RetrievalConfig()
         self.name = name or (Path(path).name if path is not None else "memory")
         if embedder is None:
-            from tider.retrieval.embed import Embedder
+            from tider.retrieval.embed import shared_embedder
 
-            embedder = Embedder(self.config.embedding_model, self.config.embedding_cache_dir)
+            embedder = shared_embedder(self.config.embedding_model, self.config.embedding_cache_dir)
         self.embedder = embedder
         self._empty_views(granularity)
         self.dim: int | None = None

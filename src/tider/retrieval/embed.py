@@ -24,12 +24,14 @@ import hashlib
 import os
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 _LOADING = threading.Lock()
+MEMO_SIZE = 65_536  # vectors an Embedder keeps in process memory (least recently used out); disk keeps the rest
 # Consecutive chunks share a quarter of a window (63 of MiniLM's 254 wordpieces, ~45 words):
 # a sentence or two that straddles a cut is whole in one of the two chunks, and the text is
 # embedded 4/3 times over, not twice as with half-window overlap.
@@ -145,7 +147,8 @@ class Embedder:
         self.device = device
         self.show_progress = show_progress
         self._model = None  # loaded on first miss: cached runs never pay for it
-        self._memory: dict[str, np.ndarray] = {}
+        self._memory: OrderedDict[str, np.ndarray] = OrderedDict()  # bounded: MEMO_SIZE
+        self._memo_lock = threading.Lock()  # shared by every memory of a service: many threads
         self._dim: int | None = None
 
     @property
@@ -199,8 +202,16 @@ class Embedder:
     def _path(self, digest: str) -> Path:
         return self.cache_dir / digest[:2] / f"{digest}.npy"
 
+    def _remember(self, digest: str, vec: np.ndarray) -> None:
+        with self._memo_lock:
+            self._memory[digest] = vec
+            self._memory.move_to_end(digest)
+            while len(self._memory) > MEMO_SIZE:
+                self._memory.popitem(last=False)
+
     def _lookup(self, digest: str) -> np.ndarray | None:
-        vec = self._memory.get(digest)
+        with self._memo_lock:
+            vec = self._memory.get(digest)
         if vec is None:
             path = self._path(digest)
             if path.exists():
@@ -209,11 +220,11 @@ class Embedder:
                 except (ValueError, OSError):
                     vec = None  # a torn file from a killed run: recompute it
                 if vec is not None:
-                    self._memory[digest] = vec
+                    self._remember(digest, vec)
         return vec
 
     def _store(self, digest: str, vec: np.ndarray) -> None:
-        self._memory[digest] = vec
+        self._remember(digest, vec)
         path = self._path(digest)
         path.parent.mkdir(parents=True, exist_ok=True)
         # per process and thread: the memory service embeds from many threads at once
@@ -244,3 +255,17 @@ class Embedder:
         out = np.stack([found[d] for d in digests]).astype(np.float32, copy=False)
         self._dim = out.shape[1]
         return out
+
+
+_SHARED: dict[tuple[str, str], Embedder] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_embedder(model: str | None = None, cache_dir: str | os.PathLike | None = None) -> Embedder:
+    """The process's one ``Embedder`` for ``model`` and ``cache_dir``: every memory a program
+    or the service opens shares it, so a thousand open memories hold one model, not a thousand."""
+    key = (model or default_model_path(), str(cache_dir or ""))
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = Embedder(model, cache_dir)
+        return _SHARED[key]

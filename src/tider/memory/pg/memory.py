@@ -110,9 +110,9 @@ class PostgresMemory(MemoryBase):
     @property
     def embedder(self):
         if self._embedder is None:
-            from tider.retrieval.embed import Embedder
+            from tider.retrieval.embed import shared_embedder
 
-            self._embedder = Embedder(self.config.embedding_model, self.config.embedding_cache_dir)
+            self._embedder = shared_embedder(self.config.embedding_model, self.config.embedding_cache_dir)
         return self._embedder
 
     # -- reads: one snapshot per search ---------------------------------------------------
