@@ -62,6 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tider.memory.backends import open_backend
 from tider.memory.files import StoreError
 from tider.memory.keys import KeyRing
+from tider.memory.open_memories import DEFAULT_LIMIT, OpenMemories
 from tider.memory.pg.config import DatabaseUnavailable
 from tider.memory.records import MemoryInputError
 from tider.memory.service_manage import add_management_routes
@@ -262,32 +263,31 @@ def create_app(
     keys_file: str | os.PathLike | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     postgres=None,
+    max_open: int | None = None,
 ) -> FastAPI:
     """The service over the memories in ``store`` (a directory, or a PostgreSQL URL);
-    ``api_key`` and ``keys_file`` default to ``$TIDER_API_KEY`` and ``$TIDER_API_KEYS``."""
+    ``api_key`` and ``keys_file`` default to ``$TIDER_API_KEY`` and ``$TIDER_API_KEYS``;
+    ``max_open`` (default ``$TIDER_MAX_OPEN_MEMORIES``, else 256) bounds the memories held open."""
     keys = KeyRing.from_env(api_key, keys_file)  # first: a bad key file stops the start
     backend = LazyBackend(store, postgres)
-    memories: dict[str, MemoryBase] = {}
-    opening = threading.Lock()
 
-    def memory(name: str, create: bool) -> MemoryBase:
-        with opening:
-            if name not in memories:
-                opened = backend.get()
-                if not create and not opened.exists(name):
-                    raise HTTPException(404, f"no memory {name!r}")
-                memories[name] = opened.open(name, config=config, embedder=embedder, locator=locator)
-            return memories[name]
+    def open_memory(name: str, create: bool) -> MemoryBase:
+        opened = backend.get()
+        if not create and not opened.exists(name):
+            raise HTTPException(404, f"no memory {name!r}")
+        return opened.open(name, config=config, embedder=embedder, locator=locator)
+
+    limit = max_open or int(os.environ.get("TIDER_MAX_OPEN_MEMORIES", DEFAULT_LIMIT))
+    memories = OpenMemories(open_memory, limit)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        for mem in memories.values():  # persist the derived indexes, release the store locks and connections
-            mem.close()
+        memories.close()  # persist the derived indexes, release the store locks and connections
         backend.close()
 
     app = FastAPI(title="tider memory", version="1", description=__doc__.split("\n\n")[0], lifespan=lifespan)
-    app.state.memories = memories
+    app.state.memories = memories  # the open memories (tests read which are open)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     app.add_exception_handler(StoreError, _unavailable)  # DatabaseUnavailable is one
     app.add_exception_handler(RequestValidationError, _invalid)
@@ -299,7 +299,7 @@ def create_app(
         return JSONResponse({"status": "ok" if up else "unavailable"}, 200 if up else 503)
 
     router = APIRouter(dependencies=[Depends(_authenticator(keys))])
-    _add_routes(router, backend, memory)
+    _add_routes(router, backend, memories.lease)
     app.include_router(router)
     _check_declared(app)
     return app
@@ -358,7 +358,8 @@ def _check_declared(app: FastAPI) -> None:
 
 
 def _add_routes(app: APIRouter, backend, memory) -> None:
-    """The authenticated endpoints; ``memory(name, create)`` opens (or creates) a memory."""
+    """The authenticated endpoints; ``memory(name, create)`` leases an open memory (opening or
+    creating it) for a ``with`` block."""
 
     @app.get("/memories")
     def names(request: Request) -> dict:
@@ -367,32 +368,39 @@ def _add_routes(app: APIRouter, backend, memory) -> None:
     @app.post("/memories/{name}/messages", response_model=AddResponse)
     def add(body: AddRequest, name: str = WRITES) -> AddResponse:
         try:
-            return AddResponse(
-                ids=memory(name, create=True).add([m.model_dump(exclude_none=True) for m in body.messages])
-            )
+            return AddResponse(ids=_added(memory, name, [m.model_dump(exclude_none=True) for m in body.messages]))
         except MemoryInputError as err:
             raise _input_error(err) from None
 
     @app.post("/memories/{name}/search", response_model=SearchResponse)
     def search(body: SearchRequest, name: str = READS) -> SearchResponse:
-        mem = memory(name, create=False)
-        windows = body.windows if body.windows == "none" else ReportedWindows(body.windows, name)
-        try:
-            hits = mem.search(body.text, asked_at=body.asked_at, user=body.user, k=body.k, windows=windows)
-        except MemoryInputError as err:
-            raise _input_error(err) from None
-        g = mem.granularity
-        prediction = hits.prediction.to_json(g) if hits.prediction.temporal else {"temporal": False, "windows": []}
-        return SearchResponse(
-            hits=[
-                Hit(id=m.key, text=m.text, timestamp=m.timestamp.isoformat(), speaker=m.speaker, score=s)
-                for m, s in zip(hits.messages, hits.scores)
-            ],
-            prediction=PredictionOut(**prediction),
-            window_source=body.windows if isinstance(windows, str) else windows.label,
-        )
+        with memory(name, create=False) as mem:
+            return _search(mem, body, name)
 
     add_management_routes(app, memory, READS, WRITES, _input_error)
+
+
+def _added(memory, name: str, records: list[dict]) -> list[str]:
+    with memory(name, create=True) as mem:
+        return mem.add(records)
+
+
+def _search(mem, body: SearchRequest, name: str) -> SearchResponse:
+    windows = body.windows if body.windows == "none" else ReportedWindows(body.windows, name)
+    try:
+        hits = mem.search(body.text, asked_at=body.asked_at, user=body.user, k=body.k, windows=windows)
+    except MemoryInputError as err:
+        raise _input_error(err) from None
+    g = mem.granularity
+    prediction = hits.prediction.to_json(g) if hits.prediction.temporal else {"temporal": False, "windows": []}
+    return SearchResponse(
+        hits=[
+            Hit(id=m.key, text=m.text, timestamp=m.timestamp.isoformat(), speaker=m.speaker, score=s)
+            for m, s in zip(hits.messages, hits.scores)
+        ],
+        prediction=PredictionOut(**prediction),
+        window_source=body.windows if isinstance(windows, str) else windows.label,
+    )
 
 
 def serve(store: str, host: str = "127.0.0.1", port: int = 8100, locator: dict | None = None, config=None) -> None:

@@ -85,7 +85,7 @@ class DeleteResponse(BaseModel):
 
 
 def add_management_routes(app: APIRouter, memory, reads, writes, input_error) -> None:
-    """``memory(name, create=False)`` opens a memory (404 when there is none); ``reads`` and
+    """``with memory(name, create=False) as mem`` leases an open memory (404 when there is none); ``reads`` and
     ``writes`` are the name parameters that declare a route's access;
     ``input_error`` turns a ``MemoryInputError`` into the service's 422."""
 
@@ -105,37 +105,40 @@ def add_management_routes(app: APIRouter, memory, reads, writes, input_error) ->
         offset: int = Query(0, ge=0),
         limit: int = Query(100, ge=1, le=MAX_PAGE),
     ) -> ListResponse:
-        mem = memory(name, create=False)
-        page = run(lambda: mem.get_all(start, end, offset, limit))
-        more = bool(page) and bool(mem.get_all(start, end, offset + limit, 1))
+        with memory(name, create=False) as mem:
+            page = run(lambda: mem.get_all(start, end, offset, limit))
+            more = bool(page) and bool(mem.get_all(start, end, offset + limit, 1))
         return ListResponse(messages=[MessageOut.of(m) for m in page], next_offset=offset + limit if more else None)
 
     @app.get("/memories/{name}/messages/{key:path}", response_model=MessageOut)
     def get_message(name: str = reads, key: str = KEY) -> MessageOut:
-        found = memory(name, create=False).get(key)
+        with memory(name, create=False) as mem:
+            found = mem.get(key)
         if found is None:
             raise HTTPException(404, f"memory {name!r} holds no message {key!r}")
         return MessageOut.of(found)
 
     @app.patch("/memories/{name}/messages/{key:path}", response_model=MessageOut)
     def update_message(body: UpdateRequest, name: str = writes, key: str = KEY) -> MessageOut:
-        mem = memory(name, create=False)
-        return MessageOut.of(run(lambda: mem.update(key, text=body.text, timestamp=body.timestamp)))
+        with memory(name, create=False) as mem:
+            return MessageOut.of(run(lambda: mem.update(key, text=body.text, timestamp=body.timestamp)))
 
     @app.delete("/memories/{name}/messages/{key:path}", response_model=DeleteResponse)
     def delete_message(name: str = writes, key: str = KEY) -> DeleteResponse:
-        deleted = memory(name, create=False).delete(key)
+        with memory(name, create=False) as mem:
+            deleted = mem.delete(key)
         if not deleted:
             raise HTTPException(404, f"memory {name!r} holds no message {key!r}")
         return DeleteResponse(deleted=deleted)
 
     @app.post("/memories/{name}/delete", response_model=DeleteResponse)
     def delete_where(body: DeleteRequest, name: str = writes) -> DeleteResponse:
-        mem = memory(name, create=False)
-        if body.keys is not None:
-            return DeleteResponse(deleted=run(lambda: mem.delete(body.keys)))
-        return DeleteResponse(deleted=run(lambda: mem.delete_all(body.start, body.end)))
+        with memory(name, create=False) as mem:
+            if body.keys is not None:
+                return DeleteResponse(deleted=run(lambda: mem.delete(body.keys)))
+            return DeleteResponse(deleted=run(lambda: mem.delete_all(body.start, body.end)))
 
     @app.delete("/memories/{name}", response_model=DeleteResponse)
     def delete_memory(name: str = writes) -> DeleteResponse:
-        return DeleteResponse(deleted=memory(name, create=False).delete_all())
+        with memory(name, create=False) as mem:
+            return DeleteResponse(deleted=mem.delete_all())
