@@ -257,3 +257,23 @@ def test_memories_of_one_process_share_one_embedder_with_a_bounded_memo(tmp_path
         embed.text_hash(f"note {i}") for i in (2, 3, 4)
     ]
     assert np.allclose(a.embedder.encode(["note 0"])[0], vectors[0])  # read back from the disk cache
+
+
+def test_a_question_asked_of_a_memory_leaves_no_vector_on_disk(tmp_path, monkeypatch):
+    """Issue 44 item 5: the embedder's disk cache holds messages' vectors, never the
+    questions asked of an application's memory (unless TIDER_CUE_CACHE opts in)."""
+    from tider.retrieval.embed import text_hash
+
+    monkeypatch.delenv("TIDER_CUE_CACHE", raising=False)
+    config = RetrievalConfig(embedding_cache_dir=str(tmp_path / "vectors"))
+    memory = TemporalMemory(tmp_path / "m", config=config)
+    memory.add([{"key": "a", "text": "The offsite is in Lisbon", "timestamp": "2024-02-01T10:00:00"}])
+    question = "where is the offsite held this spring?"
+    assert memory.search(question, k=1).messages
+    on_disk = {p.stem for p in (tmp_path / "vectors").rglob("*.npy")}
+    assert on_disk  # the message's vector is cached (its embedding text, speaker included)
+    assert text_hash(question) not in on_disk
+    monkeypatch.setenv("TIDER_CUE_CACHE", str(tmp_path / "cues.jsonl"))  # the opt-in keeps questions
+    other = "who booked the offsite venue?"
+    memory.search(other, k=1)
+    assert text_hash(other) in {p.stem for p in (tmp_path / "vectors").rglob("*.npy")}

@@ -234,11 +234,21 @@ class MemoryBase(abc.ABC):
             raise MemoryInputError("text", f"expected a string, got {type(text).__name__}")
         text = checked_text(text, "text")
         user = checked_text(user, "user") if user is not None else None
+        self._keep_private(text)
         when = to_utc(asked_at, "asked_at") if asked_at is not None else None
         if when is None:
             when = self._newest() or datetime(1970, 1, 1)
         digest = hashlib.sha1(repr((text, when.isoformat(), user)).encode()).hexdigest()[:12]
         return Query(key=f"{self.name}:{digest}", memory_key=self.name, text=text, asked_at=when, user=user)
+
+    def _keep_private(self, text: str) -> None:
+        """The question's vector stays off disk unless ``$TIDER_CUE_CACHE`` opts in to keeping
+        questions there (tider.locator.rules.cue_cache_opted_in)."""
+        from tider.locator.rules import cue_cache_opted_in
+
+        keep = getattr(self.embedder, "keep_private", None)
+        if keep is not None and not cue_cache_opted_in():
+            keep([text])
 
     def predict(self, query: Query, windows="none") -> WindowPrediction:
         """The window source's prediction: ``windows`` is a registered name, a source

@@ -221,6 +221,10 @@ class EmbeddedMemory(MemoryBase):
     def _messages_at(self, positions) -> list[Message]:
         return [self.state.memory[int(i)] for i in positions]
 
+    @property
+    def embedder(self):
+        return self.state.embedder
+
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self.state.embed_queries(texts)
 

@@ -32,6 +32,7 @@ import numpy as np
 
 _LOADING = threading.Lock()
 MEMO_SIZE = 65_536  # vectors an Embedder keeps in process memory (least recently used out); disk keeps the rest
+PRIVATE_SIZE = 4096  # texts kept off disk at once (``keep_private``): the questions recently asked
 # Consecutive chunks share a quarter of a window (63 of MiniLM's 254 wordpieces, ~45 words):
 # a sentence or two that straddles a cut is whole in one of the two chunks, and the text is
 # embedded 4/3 times over, not twice as with half-window overlap.
@@ -149,6 +150,7 @@ class Embedder:
         self._model = None  # loaded on first miss: cached runs never pay for it
         self._memory: OrderedDict[str, np.ndarray] = OrderedDict()  # bounded: MEMO_SIZE
         self._memo_lock = threading.Lock()  # shared by every memory of a service: many threads
+        self._private: OrderedDict[str, None] = OrderedDict()  # digests never written to disk
         self._dim: int | None = None
 
     @property
@@ -223,8 +225,21 @@ class Embedder:
                     self._remember(digest, vec)
         return vec
 
+    def keep_private(self, texts: Sequence[str]) -> None:
+        """Never write these texts' vectors to disk (the questions asked of an application's
+        memory): they stay in process memory only, like the cue memo."""
+        with self._memo_lock:
+            for digest in map(text_hash, texts):
+                self._private[digest] = None
+                self._private.move_to_end(digest)
+            while len(self._private) > PRIVATE_SIZE:
+                self._private.popitem(last=False)
+
     def _store(self, digest: str, vec: np.ndarray) -> None:
         self._remember(digest, vec)
+        with self._memo_lock:
+            if digest in self._private:
+                return
         path = self._path(digest)
         path.parent.mkdir(parents=True, exist_ok=True)
         # per process and thread: the memory service embeds from many threads at once
