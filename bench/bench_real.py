@@ -49,6 +49,11 @@ def parse_args(argv):
     ap.add_argument("--sft-args", default="", help="extra SFT recipe overrides (experiments)")
     ap.add_argument("--grpo-args", default="", help="extra GRPO recipe overrides (experiments)")
     ap.add_argument("--held-out-samples", type=int, default=2, help="sampled completions a query for the composite")
+    ap.add_argument(
+        "--no-held-out",
+        action="store_true",
+        help="skip stage 3 (the composite reward of SFT and GRPO by local generation: the slowest stage on CPU)",
+    )
     ap.add_argument("--baselines", default=",".join(BASELINES))
     return ap.parse_args(argv)
 
@@ -76,11 +81,16 @@ def stages(args, out: Path) -> list:
     names, weights = list(g_args.reward_funcs), [float(w) for w in g_train.reward_weights]
     labelled = [("sft", sft.folder), ("grpo", grpo.folder)]
     baselines = tuple(b for b in args.baselines.split(",") if b)
+    held_out = (
+        []
+        if args.no_held_out
+        else [HeldOut(scored, labelled, names, weights, args.held_out_samples, g_train.temperature)]
+    )
     return [
         RecipeData(sft),
         sft,
         grpo,
-        HeldOut(scored, labelled, names, weights, args.held_out_samples, g_train.temperature),
+        *held_out,
         Export("float32"),
         Compare(
             CompareConfig(baselines=baselines),
@@ -147,7 +157,7 @@ def main(argv=None) -> int:
         "float32_matmul_ms": matmul_ms(),
         "split": args.split,
         "argv": sys.argv[1:],
-        "composite": composite(run.results["held_out"]),
+        "composite": composite(run.results["held_out"]) if "held_out" in run.results else None,
         "summary": summary(comparison),
         "timings_s": timings,
     }
