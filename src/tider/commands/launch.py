@@ -37,6 +37,7 @@ def register(subparsers) -> None:
     v.add_argument("stage", choices=["sft", "grpo"])
     v.add_argument("recipe")
     v.add_argument("--processes", type=int, required=True)
+    v.add_argument("--serve-reader", default=None, help="the reader model the launcher serves (checked staged)")
     v.set_defaults(func=_verify, passthrough=True)
 
 
@@ -49,7 +50,7 @@ def _stage(args) -> int:
         for recipe in args.recipes:
             stage = recipe_stage(recipe)
             script_args, _, model_args = parse_here(stage, recipe)
-            for need in recipe_needs(stage, script_args, model_args):
+            for need in recipe_needs(stage, script_args, model_args, reader=script_args.reader_model):
                 print(f"{recipe}: {need}")
                 models.append(need.model)
         if not models:
@@ -68,7 +69,7 @@ def _verify(args) -> int:
     from tider.train.launch import LaunchRefused, verify
 
     try:
-        lines = verify(args.stage, args.recipe, args.processes, args.extra)
+        lines = verify(args.stage, args.recipe, args.processes, args.extra, serve_reader=args.serve_reader)
     except (LaunchRefused, ModelNotStaged) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 2

@@ -61,14 +61,18 @@ def recipe_stage(recipe: str) -> str:
     raise LaunchRefused(f"{recipe} is not an sft or grpo recipe ({'; '.join(errors)})")
 
 
-def recipe_needs(stage: str, script_args, model_args) -> list[Need]:
-    """Every model the stage loads: the policy (unless the recipe builds a tiny one), the
-    reader that ``answer_correct`` asks, and the retrieval embedder."""
+def recipe_needs(stage: str, script_args, model_args, reader: str | None = None) -> list[Need]:
+    """The models a stage needs: the policy (unless the recipe builds a tiny one), the
+    retrieval embedder, and the reader ``answer_correct`` asks where it is loaded here
+    (no ``reader_base_url``) or where ``reader`` names the model a launcher serves for it
+    (with a URL, ``reader_model`` is only the served name)."""
     needs = []
     if not script_args.tiny_model:
         needs.append(Need("policy", model_args.model_name_or_path))
-    if stage == "grpo" and "answer_correct" in script_args.reward_funcs and script_args.reader_model:
-        needs.append(Need("reader", script_args.reader_model))
+    if stage == "grpo" and "answer_correct" in script_args.reward_funcs:
+        local = script_args.reader_model if not script_args.reader_base_url else None
+        if reader or local:
+            needs.append(Need("reader", reader or local))
     embedder = script_args.retrieval().embedding_model
     if embedder:  # None: the offline all-MiniLM-L6-v2 package, installed with tider
         needs.append(Need("embedder", embedder))
@@ -105,7 +109,9 @@ def check_rewards(script_args, training_args) -> str:
     return f"rewards: {shown}"
 
 
-def verify(stage: str, recipe: str, processes: int, overrides: Sequence[str] = ()) -> list[str]:
+def verify(
+    stage: str, recipe: str, processes: int, overrides: Sequence[str] = (), serve_reader: str | None = None
+) -> list[str]:
     """The preflight of ``recipe`` on ``processes`` training processes: batch arithmetic,
     lengths and rewards (GRPO), and every model staged. Lines to print; ``LaunchRefused`` or
     ``ModelNotStaged`` on the first problem."""
@@ -132,7 +138,7 @@ def verify(stage: str, recipe: str, processes: int, overrides: Sequence[str] = (
         lines += [check_lengths(script_args, training_args), check_rewards(script_args, training_args)]
     else:
         lines.append(f"batch: {per_step} sequences an optimizer step")
-    needs = recipe_needs(stage, script_args, model_args)
+    needs = recipe_needs(stage, script_args, model_args, reader=serve_reader)
     require_staged(needs, recipe)
     lines += [f"model: {need} ({where(need.model)})" for need in needs]
     if not any(need.role == "embedder" for need in needs):
