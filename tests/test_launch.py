@@ -40,6 +40,12 @@ def tider(*args: str, hf_home: Path, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+def check(recipe: str, nodes: int, gpus: int, *overrides: str, hf_home: Path, **env: str):
+    """``tider launch check RECIPE --nodes N --gpus-per-node G [overrides]``."""
+    return tider("launch", "check", recipe, "--nodes", str(nodes), "--gpus-per-node", str(gpus), *overrides,
+                 hf_home=hf_home, **env)  # fmt: skip
+
+
 @pytest.fixture
 def staged(tmp_path) -> Path:
     """An HF_HOME with the production recipes' Hub models staged, and the SFT output the
@@ -53,22 +59,16 @@ SFT_OUTPUT = ["--model_name_or_path", str(ROOT / "models" / "tiny-locator-v3")] 
 
 
 def test_the_preflight_prints_the_plan_of_each_documented_form(staged):
-    sft = tider(
-        "launch", "check", "configs/sft/qwen3-1.7b.yaml", "--nodes", "1", "--gpus-per-node", "8", hf_home=staged
-    )
+    sft = check("configs/sft/qwen3-1.7b.yaml", 1, 8, hf_home=staged)
     assert sft.returncode == 0, sft.stderr[-3000:]
     assert "batch: 128 sequences an optimizer step" in sft.stdout  # 4 per device x 8 x 4 accumulation
     assert "model: policy Qwen/Qwen3-1.7B (staged in" in sft.stdout
     assert "[node-0] CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 accelerate launch" in sft.stdout
 
-    one = tider(
-        "launch",
-        "check",
+    one = check(
         "configs/grpo/qwen3-1.7b.yaml",
-        "--nodes",
-        "1",
-        "--gpus-per-node",
-        "8",
+        1,
+        8,
         *SFT_OUTPUT,
         hf_home=staged,
     )
@@ -77,14 +77,10 @@ def test_the_preflight_prints_the_plan_of_each_documented_form(staged):
     assert "model: reader Qwen/Qwen3-8B (staged in" in one.stdout
     assert "[node-0] CUDA_VISIBLE_DEVICES=7 tider serve --skip-check --model Qwen/Qwen3-8B" in one.stdout
 
-    three = tider(
-        "launch",
-        "check",
+    three = check(
         "configs/grpo/qwen3-1.7b-multinode.yaml",
-        "--nodes",
-        "3",
-        "--gpus-per-node",
-        "8",
+        3,
+        8,
         *SFT_OUTPUT,
         hf_home=staged,
         VLLM_PORT="8100",
@@ -102,14 +98,10 @@ def test_the_preflight_prints_the_plan_of_each_documented_form(staged):
 
 
 def test_the_preflight_refuses_a_batch_that_does_not_divide(staged):
-    run = tider(
-        "launch",
-        "check",
+    run = check(
         "configs/grpo/qwen3-1.7b-multinode.yaml",
-        "--nodes",
-        "3",
-        "--gpus-per-node",
-        "8",
+        3,
+        8,
         *SFT_OUTPUT,
         "--generation_batch_size",
         "96",
@@ -122,14 +114,10 @@ def test_the_preflight_refuses_a_batch_that_does_not_divide(staged):
 
 def test_the_preflight_refuses_a_model_that_is_not_staged(tmp_path):
     empty = tmp_path / "hf"
-    run = tider(
-        "launch",
-        "check",
+    run = check(
         "configs/grpo/qwen3-1.7b.yaml",
-        "--nodes",
-        "1",
-        "--gpus-per-node",
-        "8",
+        1,
+        8,
         *SFT_OUTPUT,
         hf_home=empty,
     )
@@ -138,10 +126,9 @@ def test_the_preflight_refuses_a_model_that_is_not_staged(tmp_path):
     assert "tider stage configs/grpo/qwen3-1.7b.yaml" in run.stderr
     assert "tider serve" not in run.stdout
     # a GRPO recipe starts from the SFT job's output: a path not written yet is named as a path
-    before_sft = tider(
-        "launch", "check", "configs/grpo/qwen3-1.7b.yaml", "--nodes", "1", "--gpus-per-node", "8",
-        "--model_name_or_path", "runs/never-written/sft", hf_home=tmp_path / "hf",
-    )  # fmt: skip
+    before_sft = check(
+        "configs/grpo/qwen3-1.7b.yaml", 1, 8, "--model_name_or_path", "runs/never-written/sft", hf_home=tmp_path / "hf"
+    )
     assert "the policy runs/never-written/sft does not exist here" in before_sft.stderr
 
 
