@@ -10,7 +10,9 @@ Per size (10k and 100k messages in one memory):
   resolved against a random ``asked_at``; an untimed first pass resolves and caches the
   phrases), top 20, from a *second* process that did not write the data (for the embedded
   store, the next process to open it; for PostgreSQL, any process);
-- agreement of the two backends' top 20 (share of common messages).
+- agreement of the two backends' top 20 (share of common messages);
+- changes, in that second process: 20 rounds of adding one message, updating one message's
+  text, deleting one, each followed by a search (``change_phase``), against its plain p50.
 Then the evaluation table, ``tider eval retrieval`` on LoCoMo dev through both backends
 (``--store URL``), and the lexical channel as BM25 in SQL against Postgres's own
 ``ts_rank`` on the same data (recall@20 of ``none@bm25`` and ``none``).
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -93,10 +96,14 @@ def query_set(count: int, seed: int = 1) -> list[dict]:
 
 
 class NoEmbedder:
+    """Adds give their vectors; an update's new text gets a random unit vector, seeded by the
+    text (the embedder's time is not what the change phase measures)."""
+
     model_name = "none (vectors are given)"
 
     def encode(self, texts):
-        raise AssertionError("the bench gives every vector")
+        out = np.stack([np.random.default_rng(zlib.crc32(t.encode())).normal(size=DIM) for t in texts])
+        return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
 
 
 def open_memory(store: str, name: str):
@@ -146,9 +153,40 @@ def child_search(store: str, n: int, count: int) -> dict:
             if mode == "none":
                 out["top20"].append(hits.ids)
         out[mode] = latency(times)
+    out["changes"] = change_phase(mem, n, queries)
     out["load_1min"] = load()
     mem.close()
     return out
+
+
+CHANGES = 20
+
+
+def change_phase(mem, n: int, queries: list[dict]) -> dict:
+    """``CHANGES`` rounds of: add one message after the newest, then search (what an agent
+    does next); then
+    update one message's text, search; then delete one, search. Each round's search is
+    timed against the plain search p50 of the same process."""
+    rng = np.random.default_rng(7)
+    rows = {"add": [], "search_after_add": [], "update": [], "search_after_update": []}
+    rows.update(delete=[], search_after_delete=[])
+    for i in range(CHANGES):
+        q = queries[i % len(queries)]
+        vec = rng.normal(size=(1, DIM)).astype(np.float32)
+        now = T0 + timedelta(days=3 * 365, minutes=i)  # an agent adds what just happened
+        new = {"key": f"new-{i}", "text": f"w{100 + i} w{200 + i} fresh", "timestamp": now.isoformat()}
+        for kind, change in (
+            ("add", lambda: mem.add([new], vectors=vec / np.linalg.norm(vec))),
+            ("update", lambda: mem.update(str(int(rng.integers(n))), text=f"w{300 + i} changed")),
+            ("delete", lambda: mem.delete([str(int(rng.integers(n)))])),
+        ):
+            t = time.perf_counter()
+            change()
+            rows[kind].append(1e3 * (time.perf_counter() - t))
+            t = time.perf_counter()
+            mem.search(q["text"], asked_at=q["asked_at"], windows="none", query_vector=q["vector"], k=20)
+            rows[f"search_after_{kind}"].append(1e3 * (time.perf_counter() - t))
+    return {k: latency(v) for k, v in rows.items()}
 
 
 def run_child(role: str, store: str, n: int, count: int) -> dict:
@@ -280,6 +318,23 @@ def lexical_comparison(url: str) -> dict:
     return out
 
 
+CHANGE_HEADER = (
+    "| messages | backend | add one, p50 (ms) | search right after, p50 (ms) | / plain search p50 "
+    "| update one, p50 (ms) / add | delete one, p50 (ms) / add | search after an update / delete, p50 (ms) |"
+)
+
+
+def change_row(n: int, backend: str, r: dict) -> str:
+    c, plain = r["changes"], r["none"]["p50_ms"]
+    add = c["add"]["p50_ms"]
+    return (
+        f"| {n:,} | {backend} | {add} | {c['search_after_add']['p50_ms']} | "
+        f"{c['search_after_add']['p50_ms'] / plain:.2f}x | {c['update']['p50_ms']} / {c['update']['p50_ms'] / add:.1f}x | "
+        f"{c['delete']['p50_ms']} / {c['delete']['p50_ms'] / add:.1f}x | "
+        f"{c['search_after_update']['p50_ms']} / {c['search_after_delete']['p50_ms']} |"
+    )
+
+
 def markdown(results: dict) -> str:
     lines = [
         f"{results['hardware']}; {results['postgres']}, shared_buffers 1 GB; one thread per process.",
@@ -299,6 +354,10 @@ def markdown(results: dict) -> str:
                 f"{r['open_and_first_search_s']:.1f} | {r['none']['p50_ms']} / {r['none']['p95_ms']} | "
                 f"{r['rules']['p50_ms']} / {r['rules']['p95_ms']} |"
             )
+    lines += ["", CHANGE_HEADER, "|---|---|---|---|---|---|---|---|"]
+    for row in results["scales"]:
+        for b in ("embedded", "postgres"):
+            lines.append(change_row(row["messages"], b, row[b]))
     lines += ["", "| messages | p50 PostgreSQL / embedded, none | rules | top-20 overlap |", "|---|---|---|---|"]
     for row in results["scales"]:
         lines.append(

@@ -25,10 +25,11 @@ message as ``tider.retrieval`` always has (bit for bit); otherwise the index-bac
 (default) a query ranks only the messages at or before its ``asked_at``; BM25 term
 statistics are those of the whole store, as in any search engine with a filter.
 
-Indexes that cannot grow in place are rebuilt when a search first needs them after an
-add: bm25s precomputes every posting's score from corpus statistics (so its index is
-rebuilt over all messages), the time-ordered vector copy, the exact-scoring caches. faiss
-grows by appending rows (``tider.retrieval.dense``) and the timeline by continuing its merge.
+Indexes grow with an add where they can: BM25's postings (``tider.retrieval.postings``;
+scores are made at query time from today's statistics), faiss by appending rows
+(``tider.retrieval.dense``), the timeline by continuing its merge. The time-ordered vector
+copy and the exact-scoring caches are rebuilt when a search first needs them. An add
+embeds before it takes the write lock, so searches wait only for the append.
 """
 
 from __future__ import annotations
@@ -155,10 +156,16 @@ class EmbeddedMemory(MemoryBase):
         records = to_messages(messages)
         if vectors is not None:
             vectors = self._check_vectors(vectors, len(records), self.state.dim)
-        with self._lock.writing():
-            keys = self.state.add(records, vectors, embed_chunks)
-            self._forget_scores()
-        return keys
+        with self._lock.reading():
+            picks = self.state.fresh(records)
+        if picks:
+            todo = [records[i] for i in picks]
+            # embedding, the slow part, runs outside the lock: searches go on meanwhile
+            embedded = self.state.embed(todo, None if vectors is None else vectors[picks], embed_chunks)
+            with self._lock.writing():  # an add racing this one may have taken some keys: add re-checks
+                self.state.add(todo, *embedded)
+                self._forget_scores()
+        return [r.key for r in records]
 
     def _delete(self, keys, start, end) -> list[str]:
         with self._lock.writing():

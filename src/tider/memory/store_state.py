@@ -16,9 +16,11 @@ import numpy as np
 
 from tider.memory.files import StoreError, StoreFiles
 from tider.memory.records import message_from_json, message_to_json
+from tider.retrieval.bm25 import BM25Index, expand_message
 from tider.retrieval.channels import to_days
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.dense import CHUNK, FaissRows
+from tider.retrieval.postings import Postings
 from tider.types import Memory, Message
 
 # Config fields an index is built with: a store refuses to open with other values.
@@ -119,6 +121,22 @@ class VectorBuffer:
         return self._buf[: self.n] if self._buf is not None else np.zeros((0, 0), dtype=np.float32)
 
 
+def lucene(config: RetrievalConfig) -> bool:
+    """BM25 as bm25s's default scores it: what ``Postings`` (and PostgreSQL) compute."""
+    return config.bm25_backend == "bm25s" and config.bm25_method == "lucene"
+
+
+class LexicalScores:
+    """``Postings`` (by row) scoring by position (``row_of_pos``; None: rows in time order)."""
+
+    def __init__(self, postings: Postings, row_of_pos: np.ndarray | None):
+        self.postings, self.row_of_pos = postings, row_of_pos
+
+    def scores(self, query: str) -> np.ndarray:
+        by_row = self.postings.scores(query)
+        return by_row if self.row_of_pos is None else by_row[self.row_of_pos]
+
+
 class MemoryState:
     def __init__(self, path, config: RetrievalConfig | None, embedder, name: str | None, granularity: str):
         self.files = StoreFiles(path) if path is not None else None
@@ -162,6 +180,8 @@ class MemoryState:
         self.chunks = VectorBuffer()
         self.chunk_rows = np.zeros(0, dtype=np.int64)
         self._bm25 = self._ts = self._by_pos = self._faiss = self._timeline = self._pos_of_row = None
+        self._postings: Postings | None = None  # by row; grows with each add (``bm25``)
+        self._saved_postings = 0  # rows the saved postings cover
         self._in_order = True  # row == position for every message
         self._timeline_from: int | None = None  # first position the timeline has not merged yet
         self._saved_graph_rows = 0
@@ -180,27 +200,42 @@ class MemoryState:
         self._place(messages, first_row=0)
         entry = self.files.derived_dir("faiss")
         self._saved_graph_rows = int(entry[1].get("graph_rows", 0)) if entry else 0
+        entry = self.files.derived_dir("postings")
+        self._saved_postings = int(entry[1]["messages"]) if entry else 0
 
-    def add(self, records: Sequence[Message], vectors: np.ndarray | None, embed_chunks: bool = False) -> list[str]:
-        """Add the new ones of ``records``; ``vectors`` (one row each) skip the embedder,
-        and then the long messages' chunks are embedded only with ``embed_chunks`` (the
-        vectors are this store's embedder's: a reindex)."""
-        keys = [r.key for r in records]
-        seen, fresh, picks = set(), [], []
+    def fresh(self, records: Sequence[Message]) -> list[int]:
+        """Indices of the ``records`` whose key this memory does not hold (first of a repeat)."""
+        seen, picks = set(), []
         for i, r in enumerate(records):
             if self.memory.id_of(r.key) is None and r.key not in seen:
                 seen.add(r.key)
-                fresh.append(r)
                 picks.append(i)
-        if not fresh:
-            return keys
-        vecs = vectors[picks] if vectors is not None else self._embed(fresh)
+        return picks
+
+    def embed(
+        self, records: Sequence[Message], vectors: np.ndarray | None = None, embed_chunks: bool = False
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """What ``add`` stores for ``records``: their vectors (``vectors`` given: those)
+        and their chunks' (vectors, record index); the chunks of given vectors are embedded
+        only with ``embed_chunks`` (the vectors are this store's embedder's: a reindex).
+        Reads no state: callers run it outside the write lock."""
+        vecs = vectors if vectors is not None else self._embed(records)
+        dim = vecs.shape[1]
+        chunks = self._embed_chunks(records, dim) if vectors is None or embed_chunks else no_chunks(dim)
+        return vecs, chunks
+
+    def add(self, records: Sequence[Message], vectors: np.ndarray, chunks: tuple[np.ndarray, np.ndarray]) -> None:
+        """Add the new ones of ``records`` with what ``embed`` made for them."""
+        picks = self.fresh(records)
+        if not picks:
+            return
+        fresh, vecs = [records[i] for i in picks], vectors[picks]
         if self.dim is not None and vecs.shape[1] != self.dim:
             raise StoreError(
                 f"memory {self.name!r}: the embedder gives dimension {vecs.shape[1]}, the store holds {self.dim}"
             )
-        dim = vecs.shape[1]
-        chunks = self._embed_chunks(fresh, dim) if vectors is None or embed_chunks else no_chunks(dim)
+        owned = np.isin(chunks[1], picks)
+        chunks = (chunks[0][owned], np.searchsorted(picks, chunks[1][owned]))
         first_row = len(self.memory)
         fresh = [replace(m, id=first_row + i) for i, m in enumerate(fresh)]
         if self.files is not None:
@@ -209,8 +244,9 @@ class MemoryState:
         self.vectors.append(vecs)
         self._append_chunks(*chunks, first_row=first_row)
         self._place(fresh, first_row)
+        if self._postings is not None:
+            self._postings.add(self._terms(fresh))
         self.flush()
-        return keys
 
     def _embed(self, messages: Sequence[Message]) -> np.ndarray:
         from tider.retrieval.embed import embedding_text
@@ -293,6 +329,7 @@ class MemoryState:
             chunk_rows = np.concatenate([chunk_rows[chunk_rows != row], np.full(len(new_chunks), row)])
             order = np.argsort(chunk_rows, kind="stable")
             chunk_vectors, chunk_rows = chunk_vectors[order], chunk_rows[order]
+        postings = self._kept_postings(keep, None if new is None else messages[row])
         if self.files is not None:
             lines = [message_to_json(m) for m in messages]
             self._write_as_one_segment(lines, vectors, (chunk_vectors, chunk_rows), rows_kept=False)
@@ -300,6 +337,19 @@ class MemoryState:
         self.vectors.append(vectors)
         self._append_chunks(chunk_vectors, chunk_rows, first_row=0)
         self._place(messages, first_row=0)
+        self._postings = postings
+
+    def _kept_postings(self, keep: np.ndarray, new: Message | None) -> Postings | None:
+        """The postings of rows ``keep`` renumbered, ``new`` in its key's row: only the new
+        text is analysed again."""
+        if self._postings is None:
+            return None
+        tokens = [self._postings.tokens[int(r)] for r in keep]
+        if new is not None:
+            tokens[new.id] = self._terms([new])[0]
+        postings = Postings(self._postings.analysis)
+        postings.add(tokens)
+        return postings
 
     def memory_by_row(self) -> list[Message]:
         """The messages in the order they were added (``id`` their position)."""
@@ -399,23 +449,36 @@ class MemoryState:
             )
         return vectors
 
-    def bm25(self):
-        from tider.retrieval.bm25 import BM25Index
-
-        n = len(self.memory)
+    def bm25(self) -> LexicalScores:
+        """The lexical index, scoring by position. bm25s's ``lucene`` (the default, as the
+        PostgreSQL backend scores) is ``Postings`` that grow with each add; another method,
+        or the ``rank_bm25`` reference, is a ``BM25Index`` rebuilt after an add."""
         with self._build:
-            if self._bm25 is None or self._bm25.n != n:
-                saved = self.files.derived_dir("bm25") if self.files else None
-                if saved and saved[1]["messages"] == n:
-                    self._bm25 = BM25Index.load(saved[0])
-                if self._bm25 is None or self._bm25.n != n or self._bm25.analysis != self.config.lexical():
+            if self._postings is None and self._bm25 is None:
+                if lucene(self.config):
+                    self._postings = self._load_postings()
+                else:
                     cfg = self.config
                     self._bm25 = BM25Index.from_messages(
                         self.memory.messages, cfg.metadata_fields, cfg.bm25_backend, cfg.bm25_method, cfg.lexical()
                     )
-                    if self.files is not None:
-                        self.files.save_derived("bm25", n, self._bm25.save)
-            return self._bm25
+            if self._bm25 is not None:
+                return self._bm25
+            return LexicalScores(self._postings, None if self._in_order else self.row_of_pos)
+
+    def _terms(self, messages: Sequence[Message]) -> list[list[str]]:
+        analysis, fields = self.config.lexical(), self.config.metadata_fields
+        return [analysis.terms(expand_message(m, fields)) for m in messages]
+
+    def _load_postings(self) -> Postings:
+        """The saved postings plus the rows added since they were saved, or all rows analysed."""
+        saved = self.files.derived_dir("postings") if self.files else None
+        postings = Postings.load(saved[0]) if saved and saved[1]["messages"] <= len(self.memory) else None
+        if postings is None or postings.analysis != self.config.lexical():
+            postings = Postings(self.config.lexical())
+        by_row = self.memory_by_row()
+        postings.add(self._terms(by_row[postings.n_rows :]))
+        return postings
 
     def faiss(self) -> FaissRows:
         cfg = self.config
@@ -513,6 +576,11 @@ class MemoryState:
                 "faiss", self._faiss.graph_rows, self._faiss.save, extra={"graph_rows": self._faiss.graph_rows}
             )
             self._saved_graph_rows = self._faiss.graph_rows
+        p = self._postings
+        if p is not None and p.n_rows > self._saved_postings:
+            if force or p.n_rows - self._saved_postings >= max(4 * CHUNK, self._saved_postings // 10):
+                self.files.save_derived("postings", p.n_rows, p.save)
+                self._saved_postings = p.n_rows
         if force and self._timeline is not None and self._timeline_from is None:
             saved = self.files.derived_dir("timeline")
             if not saved or saved[1]["messages"] != len(self.memory):
