@@ -32,6 +32,7 @@ vectors and index). Not run in CI.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -164,22 +165,23 @@ CHANGES = 20
 
 def change_phase(mem, n: int, queries: list[dict]) -> dict:
     """``CHANGES`` rounds of: add one message after the newest, then search (what an agent
-    does next); then
-    update one message's text, search; then delete one, search. Each round's search is
-    timed against the plain search p50 of the same process."""
+    does next); update one message's text, search; delete one, search. Each round's search
+    is compared with the plain search p50 of the same process."""
     rng = np.random.default_rng(7)
-    rows = {"add": [], "search_after_add": [], "update": [], "search_after_update": []}
+    rows: dict[str, list[float]] = {"add": [], "search_after_add": [], "update": [], "search_after_update": []}
     rows.update(delete=[], search_after_delete=[])
     for i in range(CHANGES):
         q = queries[i % len(queries)]
         vec = rng.normal(size=(1, DIM)).astype(np.float32)
         now = T0 + timedelta(days=3 * 365, minutes=i)  # an agent adds what just happened
         new = {"key": f"new-{i}", "text": f"w{100 + i} w{200 + i} fresh", "timestamp": now.isoformat()}
-        for kind, change in (
-            ("add", lambda: mem.add([new], vectors=vec / np.linalg.norm(vec))),
-            ("update", lambda: mem.update(str(int(rng.integers(n))), text=f"w{300 + i} changed")),
-            ("delete", lambda: mem.delete([str(int(rng.integers(n)))])),
-        ):
+        vec = vec / np.linalg.norm(vec)
+        changes = (  # each round updates and deletes other messages of the corpus
+            ("add", functools.partial(mem.add, [new], vectors=vec)),
+            ("update", functools.partial(mem.update, str(7 * i), text=f"w{300 + i} changed")),
+            ("delete", functools.partial(mem.delete, [str(n - 1 - 7 * i)])),
+        )
+        for kind, change in changes:
             t = time.perf_counter()
             change()
             rows[kind].append(1e3 * (time.perf_counter() - t))
@@ -329,7 +331,8 @@ def change_row(n: int, backend: str, r: dict) -> str:
     add = c["add"]["p50_ms"]
     return (
         f"| {n:,} | {backend} | {add} | {c['search_after_add']['p50_ms']} | "
-        f"{c['search_after_add']['p50_ms'] / plain:.2f}x | {c['update']['p50_ms']} / {c['update']['p50_ms'] / add:.1f}x | "
+        f"{c['search_after_add']['p50_ms'] / plain:.2f}x | "
+        f"{c['update']['p50_ms']} / {c['update']['p50_ms'] / add:.1f}x | "
         f"{c['delete']['p50_ms']} / {c['delete']['p50_ms'] / add:.1f}x | "
         f"{c['search_after_update']['p50_ms']} / {c['search_after_delete']['p50_ms']} |"
     )

@@ -53,7 +53,11 @@ def test_postings_save_and_load(tmp_path):
 
 def _messages(texts: list[str], start: int = 0) -> list[dict]:
     return [
-        {"key": f"m{start + i}", "text": t or "ok", "timestamp": f"2024-01-{1 + (start + i) // 40:02d}T{(start + i) % 24:02d}:00:00"}
+        {
+            "key": f"m{start + i}",
+            "text": t or "ok",
+            "timestamp": f"2024-01-{1 + (start + i) // 40:02d}T{(start + i) % 24:02d}:00:00",
+        }
         for i, t in enumerate(texts)
     ]
 
@@ -94,5 +98,7 @@ def test_another_bm25_method_is_rebuilt_after_an_add():
     second = mem.state.bm25()
     assert isinstance(second, BM25Index) and second is not first and second.n == 55
     msgs = list(mem.messages().messages)
-    expected = BM25Index.from_texts([expand_message(m) for m in msgs], method="robertson", analysis=mem.config.lexical())
+    expected = BM25Index.from_texts(
+        [expand_message(m) for m in msgs], method="robertson", analysis=mem.config.lexical()
+    )
     assert np.array_equal(second.scores("w1 w3"), expected.scores("w1 w3"))

@@ -1,7 +1,7 @@
 """Re-index a memory with today's build settings (``tider memory reindex``), either backend.
 
 A store records the embedder, the vector dimension and the lexical analysis it was built
-with and refuses to be searched with others (``tider.memory.store_state.check_build``).
+with and refuses to be searched with others (``tider.memory.built.check_build``).
 Re-indexing builds a fresh memory beside the old one (``<name>.reindex``) from the old
 one's messages, in their time order and with their keys, so positions and keys are kept;
 the old vectors are reused when the embedder and template are unchanged, else every
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tider.memory.store_state import BUILD_FIELDS
+from tider.memory.built import BUILD_FIELDS
 from tider.retrieval.config import RetrievalConfig
 
 SUFFIX = ".reindex"

@@ -1,5 +1,5 @@
-"""What an ``EmbeddedMemory`` holds: messages, vectors, the row/position maps, and the
-indexes derived from them (built lazily, persisted next to the segments).
+"""What an ``EmbeddedMemory`` holds: messages, vectors, the row/position maps, and (through
+``tider.memory.derived``) the indexes derived from them.
 
 See ``tider.memory.embedded`` for the id scheme and ``tider.memory.files`` for the
 layout and the crash-safety argument. Everything here assumes the caller serializes adds.
@@ -14,85 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
+from tider.memory.built import REINDEX_HINT, built_with, check_build, check_embedder, stored_config
+from tider.memory.derived import DerivedIndexes
 from tider.memory.files import StoreError, StoreFiles
 from tider.memory.records import message_from_json, message_to_json
-from tider.retrieval.bm25 import BM25Index, expand_message
 from tider.retrieval.channels import to_days
 from tider.retrieval.config import RetrievalConfig
-from tider.retrieval.dense import CHUNK, FaissRows
 from tider.retrieval.postings import Postings
 from tider.types import Memory, Message
 
-# Config fields an index is built with: a store refuses to open with other values.
-BUILD_FIELDS = (
-    "embedding_model",
-    "embed_template",
-    "embed_chunking",
-    "bm25_backend",
-    "bm25_method",
-    "lexical_language",
-    "lexical_stemmer",
-    "metadata_fields",
-    "timeline",
-    "hnsw_m",
-    "hnsw_min_messages",
-)
 MERGE_SEGMENTS_OVER = 32  # more segment files than this: merge them into one
-# Timeline settings an older tider recorded in a store's manifest and this code no longer has.
-# None changed what a store holds or returns (summary_words sized summaries nothing read), so
-# they are dropped on opening, whatever their value.
-REMOVED_TIMELINE_SETTINGS = ("summary_words",)
-# Build settings added since stores recorded their config, with the value every store built
-# before them has: its BM25 terms are plain words (no stems) and a long message has one vector
-# (its first window), whatever today's defaults are.
-ADDED_BUILD_SETTINGS = {"lexical_language": "english", "lexical_stemmer": "none", "embed_chunking": "none"}
-REINDEX_HINT = "re-index it with `tider memory reindex --store {where}{name}` (keeps every message)"
-
-
-def stored_config(config: dict) -> RetrievalConfig:
-    """The ``RetrievalConfig`` a manifest records, less ``REMOVED_TIMELINE_SETTINGS``, plus
-    ``ADDED_BUILD_SETTINGS`` where it predates them."""
-    if isinstance(config.get("timeline"), dict):
-        timeline = {k: v for k, v in config["timeline"].items() if k not in REMOVED_TIMELINE_SETTINGS}
-        config = {**config, "timeline": timeline}
-    return RetrievalConfig.from_json({**ADDED_BUILD_SETTINGS, **config})
-
-
-def check_build(stored: RetrievalConfig, config: RetrievalConfig, embedder, where: str, hint: str) -> None:
-    """Refuse to open a store built with other index settings, or with another embedder,
-    than ``config`` / ``embedder`` ask for, saying how to re-index (``hint``)."""
-    for f in BUILD_FIELDS:
-        if getattr(config, f) != getattr(stored, f):
-            raise StoreError(
-                f"{where}: built with {f}={getattr(stored, f)!r}, opened with {getattr(config, f)!r}; {hint}"
-            )
-    check_embedder(stored, embedder, where, hint)
-
-
-def check_embedder(stored: RetrievalConfig, embedder, where: str, hint: str) -> None:
-    """An embedder object whose model is not the store's would search other vectors."""
-    from tider.retrieval.embed import embedding_model_id
-
-    given = getattr(embedder, "model_id", None)  # embedders of other makes name no model: trusted
-    if given is not None and given != embedding_model_id(stored.embedding_model):
-        raise StoreError(
-            f"{where}: built with the embedder {embedding_model_id(stored.embedding_model)!r}, "
-            f"opened with {given!r}; {hint}"
-        )
-
-
-def built_with(config: RetrievalConfig, dim: int, embedder=None) -> dict:
-    """What a store records of how its vectors and terms were made (both backends); the
-    chunking names the embedder's window (``tider.retrieval.embed.chunking_id``)."""
-    from tider.retrieval.embed import chunking_id, embedding_model_id
-
-    return {
-        "model": embedding_model_id(config.embedding_model),
-        "dim": dim,
-        "template": config.embed_template,
-        "chunking": chunking_id(embedder, config.embed_chunking),
-        "lexical": config.lexical().id,
-    }
 
 
 def no_chunks(dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -121,23 +52,7 @@ class VectorBuffer:
         return self._buf[: self.n] if self._buf is not None else np.zeros((0, 0), dtype=np.float32)
 
 
-def lucene(config: RetrievalConfig) -> bool:
-    """BM25 as bm25s's default scores it: what ``Postings`` (and PostgreSQL) compute."""
-    return config.bm25_backend == "bm25s" and config.bm25_method == "lucene"
-
-
-class LexicalScores:
-    """``Postings`` (by row) scoring by position (``row_of_pos``; None: rows in time order)."""
-
-    def __init__(self, postings: Postings, row_of_pos: np.ndarray | None):
-        self.postings, self.row_of_pos = postings, row_of_pos
-
-    def scores(self, query: str) -> np.ndarray:
-        by_row = self.postings.scores(query)
-        return by_row if self.row_of_pos is None else by_row[self.row_of_pos]
-
-
-class MemoryState:
+class MemoryState(DerivedIndexes):
     def __init__(self, path, config: RetrievalConfig | None, embedder, name: str | None, granularity: str):
         self.files = StoreFiles(path) if path is not None else None
         manifest = self.files.read_manifest() if self.files else None
@@ -339,18 +254,6 @@ class MemoryState:
         self._place(messages, first_row=0)
         self._postings = postings
 
-    def _kept_postings(self, keep: np.ndarray, new: Message | None) -> Postings | None:
-        """The postings of rows ``keep`` renumbered, ``new`` in its key's row: only the new
-        text is analysed again."""
-        if self._postings is None:
-            return None
-        tokens = [self._postings.tokens[int(r)] for r in keep]
-        if new is not None:
-            tokens[new.id] = self._terms([new])[0]
-        postings = Postings(self._postings.analysis)
-        postings.add(tokens)
-        return postings
-
     def memory_by_row(self) -> list[Message]:
         """The messages in the order they were added (``id`` their position)."""
         by_row: list = [None] * len(self.memory)
@@ -449,54 +352,6 @@ class MemoryState:
             )
         return vectors
 
-    def bm25(self) -> LexicalScores:
-        """The lexical index, scoring by position. bm25s's ``lucene`` (the default, as the
-        PostgreSQL backend scores) is ``Postings`` that grow with each add; another method,
-        or the ``rank_bm25`` reference, is a ``BM25Index`` rebuilt after an add."""
-        with self._build:
-            if self._postings is None and self._bm25 is None:
-                if lucene(self.config):
-                    self._postings = self._load_postings()
-                else:
-                    cfg = self.config
-                    self._bm25 = BM25Index.from_messages(
-                        self.memory.messages, cfg.metadata_fields, cfg.bm25_backend, cfg.bm25_method, cfg.lexical()
-                    )
-            if self._bm25 is not None:
-                return self._bm25
-            return LexicalScores(self._postings, None if self._in_order else self.row_of_pos)
-
-    def _terms(self, messages: Sequence[Message]) -> list[list[str]]:
-        analysis, fields = self.config.lexical(), self.config.metadata_fields
-        return [analysis.terms(expand_message(m, fields)) for m in messages]
-
-    def _load_postings(self) -> Postings:
-        """The saved postings plus the rows added since they were saved, or all rows analysed."""
-        saved = self.files.derived_dir("postings") if self.files else None
-        postings = Postings.load(saved[0]) if saved and saved[1]["messages"] <= len(self.memory) else None
-        if postings is None or postings.analysis != self.config.lexical():
-            postings = Postings(self.config.lexical())
-        by_row = self.memory_by_row()
-        postings.add(self._terms(by_row[postings.n_rows :]))
-        return postings
-
-    def faiss(self) -> FaissRows:
-        cfg = self.config
-        with self._build:
-            if self._faiss is None:
-                saved = self.files.derived_dir("faiss") if self.files else None
-                self._faiss = FaissRows.load(
-                    saved[0] if saved else None,
-                    saved[1] if saved else None,
-                    self.dim,
-                    cfg.hnsw_min_messages,
-                    cfg.hnsw_m,
-                    self.vectors.rows,
-                )
-            elif self._faiss.n < self.vectors.n:
-                self._faiss.add(self.vectors.rows)
-            return self._faiss
-
     def dense_search(self, vector: np.ndarray, cut: int) -> tuple[np.ndarray, np.ndarray]:
         """faiss top-``index_depth`` among positions ``< cut``, as ``(positions, scores)``."""
         index, n = self.faiss(), len(self.memory)
@@ -515,76 +370,6 @@ class MemoryState:
 
         chunk_pos, chunk_scores = self.chunk_search(vector, min(cut, n), self.config.index_depth)
         return best_per_message(np.concatenate([pos, chunk_pos]), np.concatenate([scores, chunk_scores]))
-
-    def timeline(self):
-        from tider.retrieval.timeline import Timeline, build_timeline
-
-        cfg = self.config
-        with self._build:
-            n = len(self.memory)
-            if self._timeline is None:
-                saved = self.files.derived_dir("timeline") if self.files else None
-                if saved and saved[1]["messages"] == n:
-                    from safetensors.numpy import load_file
-
-                    arrays = load_file(str(saved[0] / "timeline.safetensors"))
-                    self._timeline = Timeline(
-                        self.memory,
-                        arrays["starts"].tolist(),
-                        arrays["vectors"],
-                        self.vectors_by_position(),
-                        self.embedder,
-                    )
-                else:
-                    self._timeline = build_timeline(
-                        self.memory, self.embedder, cfg.timeline, embeddings=self.vectors_by_position()
-                    )
-                    self._save_timeline()
-                self._timeline_from = None
-            elif self._timeline_from is not None:
-                self._timeline = self._timeline.extend(
-                    self.memory, self.vectors_by_position(), cfg.timeline, self._timeline_from
-                )
-                self._timeline_from = None
-            return self._timeline
-
-    def _save_timeline(self) -> None:
-        from safetensors.numpy import save_file
-
-        if self.files is None or self._timeline is None:
-            return
-        t = self._timeline
-        arrays = {"starts": np.array(t.starts, dtype=np.int64), "vectors": np.ascontiguousarray(t.vectors)}
-        self.files.save_derived(
-            "timeline",
-            len(self.memory),
-            lambda d: (d.mkdir(parents=True, exist_ok=True), save_file(arrays, str(d / "timeline.safetensors"))),
-        )
-
-    def flush(self, force: bool = False) -> None:
-        """Persist the derived indexes that are worth it (all of them with ``force``)."""
-        if self.files is None:
-            return
-        if (
-            self._faiss is not None
-            and self._faiss.graph_rows > self._saved_graph_rows
-            and (
-                force or self._faiss.graph_rows - self._saved_graph_rows >= max(4 * CHUNK, self._saved_graph_rows // 10)
-            )
-        ):
-            self.files.save_derived(
-                "faiss", self._faiss.graph_rows, self._faiss.save, extra={"graph_rows": self._faiss.graph_rows}
-            )
-            self._saved_graph_rows = self._faiss.graph_rows
-        p = self._postings
-        if p is not None and p.n_rows > self._saved_postings:
-            if force or p.n_rows - self._saved_postings >= max(4 * CHUNK, self._saved_postings // 10):
-                self.files.save_derived("postings", p.n_rows, p.save)
-                self._saved_postings = p.n_rows
-        if force and self._timeline is not None and self._timeline_from is None:
-            saved = self.files.derived_dir("timeline")
-            if not saved or saved[1]["messages"] != len(self.memory):
-                self._save_timeline()
 
     def close(self) -> None:
         if self.files is not None:

@@ -25,6 +25,7 @@ from datetime import datetime
 import numpy as np
 
 from tider.memory.base import MemoryBase
+from tider.memory.built import REINDEX_HINT, built_with, check_build, check_embedder, stored_config
 from tider.memory.files import StoreError
 from tider.memory.pg import rank as sql
 from tider.memory.pg.config import PostgresConfig
@@ -33,7 +34,6 @@ from tider.memory.pg.views import MemoryView
 from tider.memory.pg.write import Fresh, bm25_terms, commit_add, ensure_hnsw, existing_keys, hnsw_state
 from tider.memory.records import MemoryInputError, to_messages
 from tider.memory.store import Ranking
-from tider.memory.store_state import REINDEX_HINT, built_with, check_build, check_embedder, stored_config
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.retriever import anchors, uses_windows
 from tider.types import Memory, Message, Query, WindowPrediction
