@@ -5,7 +5,8 @@ through every index, in RAM and on disk, and a deleted text leaves the store's f
 
 from __future__ import annotations
 
-from datetime import timedelta
+import dataclasses
+from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
@@ -112,3 +113,32 @@ def test_get_all_pages_and_bad_calls_change_nothing(tmp_path):
     assert mem.delete_all() == [m.key for m in everything] and len(mem) == 0
     mem.add(msgs[:3], vectors=vecs[:3])  # an emptied memory takes adds again
     assert len(mem) == 3 and np.isfinite(mem.search(msgs[0]["text"], query_vector=vecs[0]).scores).all()
+
+
+@pytest.mark.parametrize("backend", ["directory", "postgres"])
+def test_an_update_never_loses_a_change_made_between_its_read_and_its_write(backend, embedder, tmp_path, request):
+    """A text update racing a time update: each re-reads a message changed under it, so both
+    changes land (and the text's vector is the text's); a conditional one gets the conflict."""
+    from tider.memory.records import VersionConflict, version_of
+
+    where = tmp_path / "race" if backend == "directory" else request.getfixturevalue("postgres").database()
+    mem = TemporalMemory(where, name="race", embedder=embedder, config=RetrievalConfig(semantic="dense"))
+    mem.add([{"key": "a", "text": "the launch is on monday", "timestamp": "2024-01-01T10:00:00"}])
+    read = mem.get("a")
+    real_replace = mem._replace
+    calls = []
+
+    def replace_after_a_rival(old, new):
+        if not calls:  # a rival's time update lands between this update's read and its write
+            calls.append(1)
+            real_replace(old, dataclasses.replace(old, timestamp=datetime(2024, 2, 2, 9)))
+        return real_replace(old, new)
+
+    mem._replace = replace_after_a_rival
+    stored = mem.update("a", text="the launch moved to friday")
+    mem._replace = real_replace
+    assert stored.text == "the launch moved to friday" and stored.timestamp.isoformat() == "2024-02-02T09:00:00"
+    assert mem.search("launch friday", k=1).ids == ["a"]
+    with pytest.raises(VersionConflict) as err:
+        mem.update("a", text="stale", if_version=version_of(read))
+    assert err.value.current == version_of(mem.get("a")) and mem.get("a").text == "the launch moved to friday"

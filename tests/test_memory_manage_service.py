@@ -164,3 +164,53 @@ def test_a_lone_surrogate_is_the_same_422_on_both(served):
     r = call(served, "POST", "/memories/alice.bad/search", content=json.dumps({"text": text}), headers=as_json)
     assert r.status_code == 422, r.text
     assert call(served, "GET", "/memories/alice.bad/messages/bad").status_code == 404
+
+
+def test_a_stale_if_match_is_a_409_and_loses_nothing(served):
+    assert call(served, "POST", "/memories/alice.etag/messages", json={"messages": MESSAGES}).status_code == 200
+    read = call(served, "GET", "/memories/alice.etag/messages/m2")
+    version = read.json()["version"]
+    assert read.headers["ETag"] == f'"{version}"'
+    # two clients read the same version; the first one's change lands ...
+    first = call(
+        served,
+        "PATCH",
+        "/memories/alice.etag/messages/m2",
+        json={"text": "first"},
+        headers={"If-Match": read.headers["ETag"]},
+    )
+    assert first.status_code == 200 and first.json()["version"] != version
+    assert first.headers["ETag"] == f'"{first.json()["version"]}"'
+    # ... the second one's, made on what it read, is refused with the current version
+    second = call(
+        served,
+        "PATCH",
+        "/memories/alice.etag/messages/m2",
+        json={"timestamp": "2024-03-09T10:00:00"},
+        headers={"If-Match": f'"{version}"'},
+    )
+    assert second.status_code == 409 and second.headers["ETag"] == first.headers["ETag"], second.text
+    assert call(served, "GET", "/memories/alice.etag/messages/m2").json() == first.json()
+    # reading again, then changing, works; "*" and no header are unconditional
+    again = call(
+        served,
+        "PATCH",
+        "/memories/alice.etag/messages/m2",
+        json={"timestamp": "2024-03-09T10:00:00"},
+        headers={"If-Match": first.headers["ETag"]},
+    )
+    assert again.status_code == 200 and again.json()["text"] == "first"
+    assert (
+        call(
+            served, "PATCH", "/memories/alice.etag/messages/m2", json={"text": "any"}, headers={"If-Match": "*"}
+        ).status_code
+        == 200
+    )
+    bad = call(
+        served, "PATCH", "/memories/alice.etag/messages/m2", json={"text": "x"}, headers={"If-Match": "unquoted"}
+    )
+    assert bad.status_code == 422
+    gone = call(
+        served, "PATCH", "/memories/alice.etag/messages/nope", json={"text": "x"}, headers={"If-Match": '"abc"'}
+    )
+    assert gone.status_code == 404

@@ -32,13 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tider.memory.files import StoreError
 from tider.memory.records import (
     MemoryInputError,
     MessageNotFound,
+    VersionConflict,
     checked_text,
     message_to_json,
     to_message,
     to_utc,
+    version_of,
 )
 from tider.memory.store import Ranking
 from tider.types import NON_TEMPORAL, Memory, Message, Query, WindowPrediction
@@ -166,9 +169,10 @@ class MemoryBase(abc.ABC):
         end open) and return the keys deleted, in time order."""
 
     @abc.abstractmethod
-    def _replace(self, old: Message, new: Message) -> Message:
+    def _replace(self, old: Message, new: Message) -> Message | None:
         """Put ``new`` (same key) in ``old``'s place, atomically, every index updated; the
-        stored message (its position now as ``id``). ``old`` gone by then: MessageNotFound."""
+        stored message (its position now as ``id``). None, writing nothing, when the stored
+        message is no longer ``old`` (``version_of`` differs); gone: MessageNotFound."""
 
     @abc.abstractmethod
     def _reading(self): ...
@@ -200,19 +204,28 @@ class MemoryBase(abc.ABC):
             first, stop = positions_between(memory.timestamps, lo, hi)
             return list(memory.messages[first + offset : min(stop, first + offset + limit)])
 
-    def update(self, key: str, text: str | None = None, timestamp=None) -> Message:
+    def update(self, key: str, text: str | None = None, timestamp=None, if_version: str | None = None) -> Message:
         """Replace message ``key``'s text and/or time, its other fields kept; returns it as
-        stored. The embedding is recomputed for a new text (outside any write lock)."""
+        stored. The embedding is recomputed for a new text (outside any write lock).
+        ``if_version`` (``version_of`` the message as read) makes it conditional: a message
+        changed since is a ``VersionConflict``, never a lost update. Without it, a change
+        that lands between this call's read and its write is read again and built upon."""
         if text is None and timestamp is None:
             raise MemoryInputError("update", "give a text, a timestamp or both")
-        old = self.get(key)
-        if old is None:
-            raise MessageNotFound(self.name, key)
-        changed = {**message_to_json(old), **({"text": text} if text is not None else {})}
-        if timestamp is not None:
-            changed["timestamp"] = to_utc(timestamp, "timestamp")
-        new = replace(to_message(changed, "update"), id=old.id)
-        return old if new == old else self._replace(old, new)
+        for _ in range(UPDATE_TRIES):
+            old = self.get(key)
+            if old is None:
+                raise MessageNotFound(self.name, key)
+            if if_version is not None and version_of(old) != if_version:
+                raise VersionConflict(self.name, key, version_of(old))
+            changed = {**message_to_json(old), **({"text": text} if text is not None else {})}
+            if timestamp is not None:
+                changed["timestamp"] = to_utc(timestamp, "timestamp")
+            new = replace(to_message(changed, "update"), id=old.id)
+            stored = old if new == old else self._replace(old, new)
+            if stored is not None:
+                return stored
+        raise StoreError(f"memory {self.name!r}: message {key!r} kept changing during the update; retry it")
 
     def delete(self, keys: str | Sequence[str]) -> list[str]:
         """Delete message ``keys`` (one or many); returns those that were there."""
@@ -337,6 +350,7 @@ class MemoryBase(abc.ABC):
 
 
 MAX_PAGE = 10_000  # get_all's largest page
+UPDATE_TRIES = 5  # an unconditional update re-reads a message changed under it this often
 
 
 def _time_range(start, end) -> tuple[datetime | None, datetime | None]:

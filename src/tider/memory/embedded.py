@@ -46,7 +46,7 @@ import numpy as np
 
 from tider.memory import index as indexed
 from tider.memory.base import MemoryBase, positions_between
-from tider.memory.records import MessageNotFound, to_messages
+from tider.memory.records import MessageNotFound, to_messages, version_of
 from tider.memory.store import Ranking
 from tider.memory.store_state import MemoryState
 from tider.retrieval.config import RetrievalConfig
@@ -181,13 +181,15 @@ class EmbeddedMemory(MemoryBase):
                 self._forget_scores()
         return gone
 
-    def _replace(self, old: Message, new: Message) -> Message:
+    def _replace(self, old: Message, new: Message) -> Message | None:
         from tider.retrieval.embed import embedding_text
 
         template = self.config.embed_template
         embedded = None if embedding_text(new, template) == embedding_text(old, template) else self.state.embed_one(new)
         with self._lock.writing():  # the embedding above ran outside it
             row = self._row_of(new.key)
+            if version_of(self.state.memory[self.state.memory.id_of(new.key)]) != version_of(old):
+                return None  # changed since it was read: the caller reads again
             if embedded is None:  # the same embedding text: the stored vectors stay
                 owned = self.state.chunk_rows == row
                 chunks = self.state.chunks.rows.reshape(-1, self.state.dim)[owned]

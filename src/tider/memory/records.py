@@ -35,6 +35,14 @@ class MessageNotFound(KeyError):
         super().__init__(f"memory {memory!r} holds no message {key!r}")
 
 
+class VersionConflict(Exception):
+    """An update named the version it read, and the message has changed since (HTTP 409)."""
+
+    def __init__(self, memory: str, key: str, current: str):
+        self.memory, self.key, self.current = memory, key, current
+        super().__init__(f"memory {memory!r}: message {key!r} changed (now version {current!r}); read it again")
+
+
 class MemoryInputError(ValueError):
     """Bad input to a memory; ``field`` names where (``messages[3].timestamp``)."""
 
@@ -143,6 +151,14 @@ def message_to_json(m: Message) -> dict:
     }
     out.update({f: getattr(m, f) for f in (*OPTIONAL_TEXT, "stage") if getattr(m, f) is not None})
     return out
+
+
+def version_of(m: Message) -> str:
+    """A message's version: a hash of what is stored of it (its ETag over HTTP). Any change
+    of text, time or field changes it; its position in time order does not. Content-derived,
+    so both backends give one message the same version and no schema holds a counter."""
+    canonical = json.dumps(message_to_json(m), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:20]
 
 
 def message_from_json(data: dict, row: int) -> Message:

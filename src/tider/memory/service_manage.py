@@ -3,24 +3,29 @@
 
 ```
 GET    /memories/{name}/messages?start&end&offset&limit  {"messages": [...], "next_offset": int | null}
-GET    /memories/{name}/messages/{key}                   a message, or 404
+GET    /memories/{name}/messages/{key}                   a message (ETag: its version), or 404
 PATCH  /memories/{name}/messages/{key}  {"text"?, "timestamp"?}  -> the message as stored
+       If-Match: "VERSION" makes it conditional: a message changed since is a 409
 DELETE /memories/{name}/messages/{key}                   {"deleted": [key]}, or 404
 POST   /memories/{name}/delete          {"keys": [...]} or {"start"?, "end"?}  -> {"deleted": [...]}
 DELETE /memories/{name}                                  every message of the memory: {"deleted": [...]}
 ```
 
 Times are ISO 8601 (timezone-aware ones become UTC); a range is inclusive at both ends.
+A message's ``version`` (``tider.memory.records.version_of``, a hash of what is stored) is
+its ETag: a client that read version V and sends ``If-Match: "V"`` with its change never
+overwrites a change it did not see (409, with the current version); without ``If-Match``
+the change applies to whatever is stored then (the last writer wins, field by field).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Header, HTTPException, Query, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tider.memory.base import MAX_PAGE
-from tider.memory.records import MemoryInputError, MessageNotFound
+from tider.memory.records import MemoryInputError, MessageNotFound, VersionConflict, version_of
 from tider.types import Message
 
 KEY = PathParam(min_length=1, max_length=256, description="the message's key")
@@ -37,11 +42,13 @@ class MessageOut(BaseModel):
     phase: str | None = None
     role: str | None = None
     stage: int | None = None
+    version: str = Field(description="changes with any change of the message; its ETag")
 
     @classmethod
     def of(cls, m: Message) -> MessageOut:
         return cls(
             id=m.key,
+            version=version_of(m),
             text=m.text,
             timestamp=m.timestamp.isoformat(),
             speaker=m.speaker,
@@ -84,6 +91,24 @@ class DeleteResponse(BaseModel):
     deleted: list[str]
 
 
+IF_MATCH = Header(None, max_length=200, description='the version read, as its ETag ("...")')
+
+
+def wanted_version(if_match: str) -> str | None:
+    """The version an ``If-Match`` header names (a strong ETag; ``*``: any version)."""
+    value = if_match.strip()
+    if value == "*":
+        return None
+    if len(value) < 2 or value[0] != '"' or value[-1] != '"' or '"' in value[1:-1]:
+        raise HTTPException(422, f'If-Match: expected one quoted version (an ETag, e.g. "1a2b") or *, got {value!r}')
+    return value[1:-1]
+
+
+def tagged(response: Response, out: MessageOut) -> MessageOut:
+    response.headers["ETag"] = f'"{out.version}"'
+    return out
+
+
 def add_management_routes(app: APIRouter, memory, reads, writes, input_error) -> None:
     """``with memory(name, create=False) as mem`` leases an open memory (404 when there is none); ``reads`` and
     ``writes`` are the name parameters that declare a route's access;
@@ -96,6 +121,8 @@ def add_management_routes(app: APIRouter, memory, reads, writes, input_error) ->
             raise input_error(err) from None
         except MessageNotFound as err:
             raise HTTPException(404, str(err).strip('"')) from None
+        except VersionConflict as err:
+            raise HTTPException(409, str(err), headers={"ETag": f'"{err.current}"'}) from None
 
     @app.get("/memories/{name}/messages", response_model=ListResponse)
     def list_messages(
@@ -111,17 +138,21 @@ def add_management_routes(app: APIRouter, memory, reads, writes, input_error) ->
         return ListResponse(messages=[MessageOut.of(m) for m in page], next_offset=offset + limit if more else None)
 
     @app.get("/memories/{name}/messages/{key:path}", response_model=MessageOut)
-    def get_message(name: str = reads, key: str = KEY) -> MessageOut:
+    def get_message(response: Response, name: str = reads, key: str = KEY) -> MessageOut:
         with memory(name, create=False) as mem:
             found = mem.get(key)
         if found is None:
             raise HTTPException(404, f"memory {name!r} holds no message {key!r}")
-        return MessageOut.of(found)
+        return tagged(response, MessageOut.of(found))
 
     @app.patch("/memories/{name}/messages/{key:path}", response_model=MessageOut)
-    def update_message(body: UpdateRequest, name: str = writes, key: str = KEY) -> MessageOut:
+    def update_message(
+        body: UpdateRequest, response: Response, name: str = writes, key: str = KEY, if_match: str | None = IF_MATCH
+    ) -> MessageOut:
+        version = None if if_match is None else wanted_version(if_match)
         with memory(name, create=False) as mem:
-            return MessageOut.of(run(lambda: mem.update(key, text=body.text, timestamp=body.timestamp)))
+            stored = run(lambda: mem.update(key, text=body.text, timestamp=body.timestamp, if_version=version))
+        return tagged(response, MessageOut.of(stored))
 
     @app.delete("/memories/{name}/messages/{key:path}", response_model=DeleteResponse)
     def delete_message(name: str = writes, key: str = KEY) -> DeleteResponse:

@@ -133,13 +133,13 @@ def commit_replace(
     new: Message,
     terms: list[str],
     embedded: tuple[np.ndarray, np.ndarray] | None,
-    same_vector,
+    unchanged,
     config: RetrievalConfig,
 ) -> Message | None:
     """Put ``new`` in place of the stored message with its key, in one transaction, keeping
-    that message's ``seq``. ``embedded``: ``new``'s vector and its chunk vectors (rows),
-    or None to keep the stored ones, which ``same_vector(stored message)`` must confirm
-    are ``new``'s (else nothing is written and this returns None: embed, then call again).
+    that message's ``seq``, if ``unchanged(stored message)`` (it is the one the caller read;
+    else nothing is written and this returns None). ``embedded``: ``new``'s vector and its
+    chunk vectors (rows), or None to keep the stored ones (the same embedding text).
     Returns the stored message (``id`` its position). Gone meanwhile: ``MessageNotFound``."""
     with conn.transaction():
         dim = _lock(conn, memory_id)
@@ -151,7 +151,7 @@ def commit_replace(
         if row is None:
             raise MessageNotFound(memory_name, new.key)
         seq, old_pos, old_length, current = _stored_message(row)
-        if embedded is None and not same_vector(current):
+        if not unchanged(current):
             return None
         _drop_postings(conn, memory_id, [seq])
         fresh = Fresh([new], np.zeros((1, 0), np.float32), [terms])

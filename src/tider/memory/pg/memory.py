@@ -32,7 +32,7 @@ from tider.memory.pg.config import PostgresConfig
 from tider.memory.pg.pool import acquire, release
 from tider.memory.pg.views import MemoryView
 from tider.memory.pg.write import Fresh, bm25_terms, commit_add, ensure_hnsw, existing_keys, hnsw_state
-from tider.memory.records import MemoryInputError, to_messages
+from tider.memory.records import MemoryInputError, to_messages, version_of
 from tider.memory.store import Ranking
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.retriever import anchors, uses_windows
@@ -377,10 +377,10 @@ class PostgresMemory(MemoryBase):
             self._forget_scores()
         return gone
 
-    def _replace(self, old: Message, new: Message) -> Message:
-        """``new`` in ``old``'s row, one transaction; a new embedding text is embedded
-        first, outside the row lock (and again if another writer changed the stored
-        message's embedding text meanwhile)."""
+    def _replace(self, old: Message, new: Message) -> Message | None:
+        """``new`` in ``old``'s row, one transaction, if the stored message is still ``old``
+        (else None: the caller reads again); a new embedding text is embedded first,
+        outside the row lock."""
         from tider.memory.pg.manage import commit_replace
         from tider.retrieval.embed import embedding_text
 
@@ -390,26 +390,16 @@ class PostgresMemory(MemoryBase):
 
             raise MessageNotFound(self.name, new.key)
         template = self.config.embed_template
-        wanted = embedding_text(new, template)
         terms = bm25_terms([new], self.config)[0]
-        embedded = None if embedding_text(old, template) == wanted else self._embed_one(new)
-        for _ in range(5):
-            with self.pool.connection() as conn:
-                out = commit_replace(
-                    conn,
-                    self.name,
-                    memory_id,
-                    new,
-                    terms,
-                    embedded,
-                    lambda current: embedding_text(current, template) == wanted,
-                    self.config,
-                )
-            if out is not None:
-                self._forget_scores()
-                return out
-            embedded = self._embed_one(new)  # the stored text changed under us: its vector is not new's
-        raise StoreError(f"memory {self.name!r}: message {new.key!r} kept changing during the update; retry it")
+        embedded = None if embedding_text(old, template) == embedding_text(new, template) else self._embed_one(new)
+        expected = version_of(old)
+        with self.pool.connection() as conn:
+            out = commit_replace(
+                conn, self.name, memory_id, new, terms, embedded, lambda now: version_of(now) == expected, self.config
+            )
+        if out is not None:
+            self._forget_scores()
+        return out
 
     def _embed_one(self, message: Message) -> tuple[np.ndarray, np.ndarray]:
         """``message``'s vector and its chunks' vectors, as an add embeds them."""
