@@ -63,6 +63,13 @@ def _stored_message(row) -> tuple[int, int, int, Message]:
     return seq, pos, length, Message(pos, key, text, ts, speaker, session, channel, topic, phase, stage, role)
 
 
+def read_message(conn, memory_id: int, key: str) -> Message | None:
+    """The stored message ``key`` (``id`` its position), one row read."""
+    row = conn.execute(f"SELECT {STORED} FROM tider_messages WHERE memory_id = %s AND key = %s", (memory_id, key))
+    found = row.fetchone()
+    return None if found is None else _stored_message(found)[3]
+
+
 def _lock(conn, memory_id: int) -> int | None:
     """Lock the memory's row (as an add does); its vector dimension."""
     return conn.execute("SELECT dim FROM tider_memories WHERE id = %s FOR UPDATE", (memory_id,)).fetchone()[0]

@@ -356,6 +356,16 @@ class PostgresMemory(MemoryBase):
         return keys
 
     # -- record management (the public calls are MemoryBase's) ------------------------------
+    def get(self, key: str) -> Message | None:
+        """Message ``key`` (its ``id`` its position now), or None: one row, not the memory."""
+        from tider.memory.pg.manage import read_message
+
+        memory_id = self._memory_id()
+        if memory_id is None:
+            return None
+        with self.pool.connection() as conn:
+            return read_message(conn, memory_id, key)
+
     def _memory_id(self) -> int | None:
         with self.pool.connection() as conn:
             row = conn.execute("SELECT id FROM tider_memories WHERE name = %s", (self.name,)).fetchone()
