@@ -1,5 +1,5 @@
 """No function in ``src/tider`` runs over 60 lines, counted from its ``def`` line to the
-last line of its body (decorators not counted)."""
+last line of its body (decorators not counted), and no module over 450 lines."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tider"
 MAX_LINES = 60
+MAX_MODULE_LINES = 450
 
 
 def long_functions(root: Path, max_lines: int = MAX_LINES) -> dict[str, int]:
@@ -31,3 +32,12 @@ def test_the_count_runs_from_def_to_the_last_body_line(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(59))
     (tmp_path / "m.py").write_text(f"@decorator\ndef fits():\n{body}\n\n\ndef over():\n{body}\n    return x0\n")
     assert long_functions(tmp_path) == {"m.py:over": 61}
+
+
+def test_no_module_over_450_lines():
+    long = {
+        p.relative_to(SRC).as_posix(): n
+        for p in SRC.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"split these modules (at most {MAX_MODULE_LINES} lines): {long}"

@@ -203,11 +203,11 @@ def test_shipped_starting_point_is_what_the_pretrain_recipe_trains_on():
     written (training-only synthetic seeds, checked disjoint from evaluations above, and the
     RealMem train personas) gives the same hash in both phases (tiny-pretrain, then
     tiny-pretrain-answer), and the same prompt settings."""
+    from tider.data.splits import split_queries
     from tider.locator.contract import LocatorMetadata
     from tider.locator.prompt import PromptSettings
     from tider.train.config import parse_recipe
     from tider.train.data import fixed_split, load_training_dataset, training_data_hash
-    from tider.train.examples import split_queries
 
     meta = LocatorMetadata.read(ROOT / "models/tiny-locator-v3")
     first, second = (

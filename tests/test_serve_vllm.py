@@ -97,9 +97,9 @@ def exported_locator(tmp_path_factory):
 @pytest.fixture(scope="module")
 def synthetic_slice(exported_locator):
     """Test-split queries of the synthetic data the recipe trained on (same generator settings)."""
+    from tider.data.splits import split_queries
     from tider.data.synth import generate
     from tider.memory import MemoryCollection
-    from tider.train.examples import split_queries
 
     meta = json.loads((exported_locator / "tider_locator.json").read_text())
     assert meta["dataset_name"] == "synthetic"

@@ -8,16 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tider.data.splits import split_keys, split_queries
 from tider.train.dar import dar_resample, effective_probabilities
-from tider.train.examples import (
-    PromptBuilder,
-    gold_answer,
-    grpo_records,
-    option_answers,
-    sft_records,
-    split_keys,
-    split_queries,
-)
+from tider.train.examples import PromptBuilder, gold_answer, grpo_records, option_answers, sft_records
 
 LOCOMO_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
 

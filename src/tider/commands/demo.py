@@ -176,8 +176,8 @@ def _split_keys(split: str):
     """The memories of ``split`` as the locator's training split them (its export's seed)."""
 
     def keys(run):
+        from tider.data.splits import memory_keys_of
         from tider.locator.contract import LocatorMetadata
-        from tider.train.examples import memory_keys_of
 
         return memory_keys_of(run.dataset.memories, split, seed=LocatorMetadata.read(run.model).split_seed or 0)
 

@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
 
     from tider.commands.eval_retrieval import load_retrieval_config
     from tider.data import load_datasets
+    from tider.data.splits import memory_keys_of
     from tider.eval.compare import CompareConfig, markdown, run_compare
-    from tider.train.examples import memory_keys_of
 
     options = window_source_options(args)
     require_options_for(["locator"], options)

@@ -35,7 +35,7 @@ def register(subparsers) -> None:
         "--split",
         default=None,
         choices=["train", "validation", "test", "non-test"],
-        help="evaluate only the memories of this conversation-level split (tider.train.examples.split_keys)",
+        help="evaluate only the memories of this conversation-level split (tider.data.splits.split_keys)",
     )
     p.add_argument("--limit", type=int, default=None, help="first N eligible queries (smoke runs)")
     add_store_option(p)
@@ -54,7 +54,7 @@ def load_retrieval_config(path: str | None, semantic: str | None):
 
 
 def split_memory_keys(memory_keys, split: str) -> list[str]:
-    from tider.train.examples import split_keys
+    from tider.data.splits import split_keys
 
     splits = split_keys(memory_keys)
     return splits["train"] + splits["validation"] if split == "non-test" else splits[split]

@@ -109,20 +109,25 @@ def tagged(response: Response, out: MessageOut) -> MessageOut:
     return out
 
 
+def answered(call, input_error):
+    """``call()``, its typed failures as HTTP answers: 422, 404, 409 (with the current ETag)."""
+    try:
+        return call()
+    except MemoryInputError as err:
+        raise input_error(err) from None
+    except MessageNotFound as err:
+        raise HTTPException(404, str(err).strip('"')) from None
+    except VersionConflict as err:
+        raise HTTPException(409, str(err), headers={"ETag": f'"{err.current}"'}) from None
+
+
 def add_management_routes(app: APIRouter, memory, reads, writes, input_error) -> None:
     """``with memory(name, create=False) as mem`` leases an open memory (404 when there is none); ``reads`` and
     ``writes`` are the name parameters that declare a route's access;
     ``input_error`` turns a ``MemoryInputError`` into the service's 422."""
 
     def run(call):
-        try:
-            return call()
-        except MemoryInputError as err:
-            raise input_error(err) from None
-        except MessageNotFound as err:
-            raise HTTPException(404, str(err).strip('"')) from None
-        except VersionConflict as err:
-            raise HTTPException(409, str(err), headers={"ETag": f'"{err.current}"'}) from None
+        return answered(call, input_error)
 
     @app.get("/memories/{name}/messages", response_model=ListResponse)
     def list_messages(

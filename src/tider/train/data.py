@@ -48,9 +48,9 @@ def _load_one(script_args, name: str, path: str | None) -> Dataset:
 
 def with_train_conversations(dataset: Dataset, n: int, seed: int) -> Dataset:
     """``dataset`` plus ``n`` synthetic conversations (seed ``seed``, as long as the
-    dataset's on average) that only ever land in the train split (``examples.TRAIN_ONLY``)."""
+    dataset's on average) that only ever land in the train split (``tider.data.splits.TRAIN_ONLY``)."""
+    from tider.data.splits import TRAIN_ONLY
     from tider.data.synth import generate
-    from tider.train.examples import TRAIN_ONLY
 
     seeds = [dataset.stats.get("seed")] + [v.get("seed") for v in dataset.stats.values() if isinstance(v, dict)]
     if seed in seeds:

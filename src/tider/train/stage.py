@@ -13,9 +13,10 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from tider.data.splits import split_queries
 from tider.locator.contract import METADATA_FILE
 from tider.train.data import fixed_split, load_training_dataset, training_metadata
-from tider.train.examples import PromptBuilder, split_queries
+from tider.train.examples import PromptBuilder
 from tider.train.tiny import ensure_tiny_model
 from tider.types import Dataset
 

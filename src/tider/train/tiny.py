@@ -309,8 +309,9 @@ def date_range_tokens(dataset: Dataset, margin_days: int = 60) -> list[str]:
 def ensure_tiny_model(script_args, model_path: str, dataset: Dataset, builder: PromptBuilder) -> None:
     """Build the tiny Qwen3 at ``model_path`` unless a checkpoint is already there (so a
     resumed or repeated run keeps the same tokenizer and initial weights)."""
+    from tider.data.splits import split_queries
     from tider.train.data import fixed_split
-    from tider.train.examples import corpus_texts, sft_records, split_queries
+    from tider.train.examples import corpus_texts, sft_records
 
     if (Path(model_path) / "config.json").exists():
         return

@@ -17,6 +17,7 @@ here, whichever numpy's partition picks there).
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,7 +32,7 @@ from tider.memory.pg import rank as sql
 from tider.memory.pg.config import PostgresConfig
 from tider.memory.pg.pool import acquire, release
 from tider.memory.pg.views import MemoryView
-from tider.memory.pg.write import Fresh, bm25_terms, commit_add, ensure_hnsw, existing_keys, hnsw_state
+from tider.memory.pg.write import Fresh, bm25_terms, commit_add, existing_keys, hnsw_state, index_when_grown, memory_row
 from tider.memory.records import MemoryInputError, to_messages, version_of
 from tider.memory.store import Ranking
 from tider.retrieval.config import RetrievalConfig
@@ -337,22 +338,15 @@ class PostgresMemory(MemoryBase):
         if not picks:
             return keys
         fresh_msgs = [records[i] for i in picks]
-        vecs = vectors[picks] if vectors is not None else self._embed(fresh_msgs)
-        fresh = Fresh(fresh_msgs, vecs, bm25_terms(fresh_msgs, self.config))
-        if vectors is None or embed_chunks:
-            from tider.retrieval.embed import embed_chunks as chunk_vectors
-
-            cfg = self.config
-            fresh.chunk_vectors, fresh.chunk_owners = chunk_vectors(
-                self.embedder, fresh_msgs, cfg.embed_template, cfg.embed_chunking, vecs.shape[1]
-            )
+        if vectors is None:
+            vecs, chunks = self._embedded(fresh_msgs)
+        else:
+            vecs, chunks = vectors[picks], self._chunks(fresh_msgs, vectors.shape[1]) if embed_chunks else (None, None)
+        fresh = Fresh(fresh_msgs, vecs, bm25_terms(fresh_msgs, self.config), *chunks)
         embedding = built_with(self.config, int(vecs.shape[1]), self.embedder)
         with self.pool.connection() as conn:
             commit_add(conn, memory_id, fresh, self.config, embedding)
-            n = conn.execute("SELECT n_messages FROM tider_memories WHERE id = %s", (memory_id,)).fetchone()[0]
-            if n >= self.config.hnsw_min_messages:
-                pg = self.pg
-                ensure_hnsw(conn, memory_id, vecs.shape[1], pg.hnsw_m, pg.hnsw_ef_construction, pg.maintenance_work_mem)
+            index_when_grown(conn, memory_id, vecs.shape[1], self.config.hnsw_min_messages, self.pg)
         return keys
 
     # -- record management (the public calls are MemoryBase's) ------------------------------
@@ -413,37 +407,31 @@ class PostgresMemory(MemoryBase):
 
     def _embed_one(self, message: Message) -> tuple[np.ndarray, np.ndarray]:
         """``message``'s vector and its chunks' vectors, as an add embeds them."""
-        from tider.retrieval.embed import embed_chunks
-
-        vector = self._embed([message])[0]
-        cfg = self.config
-        chunks, _ = embed_chunks(self.embedder, [message], cfg.embed_template, cfg.embed_chunking, vector.shape[0])
-        return vector, chunks
+        vecs, (chunks, _) = self._embedded([message])
+        return vecs[0], chunks
 
     def _forget_scores(self) -> None:
         with self._cache_lock:  # keyed by version too; this only frees the memory sooner
             self._semantic.clear()
 
-    def _embed(self, messages: Sequence[Message]) -> np.ndarray:
+    def _embedded(self, messages: Sequence[Message]) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """The vectors of ``messages`` and their chunks' (vectors, owner index)."""
         from tider.retrieval.embed import embedding_text
 
         texts = [embedding_text(m, self.config.embed_template) for m in messages]
-        vecs = np.asarray(self.embedder.encode(texts), dtype=np.float32)
-        return self._check_vectors(vecs, len(messages), None)
+        vecs = self._check_vectors(np.asarray(self.embedder.encode(texts), dtype=np.float32), len(messages), None)
+        return vecs, self._chunks(messages, vecs.shape[1])
+
+    def _chunks(self, messages: Sequence[Message], dim: int) -> tuple[np.ndarray, np.ndarray]:
+        from tider.retrieval.embed import embed_chunks
+
+        cfg = self.config
+        return embed_chunks(self.embedder, messages, cfg.embed_template, cfg.embed_chunking, dim)
 
     def _ensure_row(self) -> int:
         """The memory's id, creating its row (with this config) on its first add."""
-        import json
-
         with self.pool.connection() as conn:
-            conn.execute(
-                "INSERT INTO tider_memories (name, granularity, config) VALUES (%s, %s, %s) "
-                "ON CONFLICT (name) DO NOTHING",
-                (self.name, self._granularity, json.dumps(self.config.to_json())),
-            )
-            memory_id, stored = conn.execute(
-                "SELECT id, config FROM tider_memories WHERE name = %s", (self.name,)
-            ).fetchone()
+            memory_id, stored = memory_row(conn, self.name, self._granularity, json.dumps(self.config.to_json()))
         self._settle_config(self.config, stored)  # another process may have created it differently
         return memory_id
 

@@ -274,6 +274,22 @@ def hnsw_state(conn, memory_id: int) -> bool | None:
     return None if row is None else bool(row[0])
 
 
+def memory_row(conn, name: str, granularity: str, config_json: str) -> tuple[int, dict]:
+    """``(id, stored config)`` of memory ``name``, its row created with this config if new."""
+    conn.execute(
+        "INSERT INTO tider_memories (name, granularity, config) VALUES (%s, %s, %s) ON CONFLICT (name) DO NOTHING",
+        (name, granularity, config_json),
+    )
+    return conn.execute("SELECT id, config FROM tider_memories WHERE name = %s", (name,)).fetchone()
+
+
+def index_when_grown(conn, memory_id: int, dim: int, min_messages: int, pg) -> None:
+    """The HNSW index (``ensure_hnsw``, ``pg``'s settings) once the memory holds ``min_messages``."""
+    n = conn.execute("SELECT n_messages FROM tider_memories WHERE id = %s", (memory_id,)).fetchone()[0]
+    if n >= min_messages:
+        ensure_hnsw(conn, memory_id, dim, pg.hnsw_m, pg.hnsw_ef_construction, pg.maintenance_work_mem)
+
+
 def ensure_hnsw(conn, memory_id: int, dim: int, m: int, ef: int, maintenance_work_mem: str) -> bool:
     """Build the memory's HNSW index (a partial expression index over its rows) unless it
     exists or another process is building it. ``CREATE INDEX CONCURRENTLY``: adds and
