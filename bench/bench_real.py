@@ -60,10 +60,10 @@ def parse_args(argv):
 
 def stages(args, out: Path) -> list:
     """The benchmark's pipeline: the tiny-real recipes on the real data, in this process."""
+    from tider.data.splits import split_queries
     from tider.eval.compare import CompareConfig
     from tider.pipeline import Compare, Export, RecipeData, Train
     from tider.train.data import fixed_split
-    from tider.train.examples import split_queries
 
     def train(kind: str, start: str, extra: str) -> Train:
         data = ["--dataset_path", f"{args.locomo},{args.realmem}", "--report_to", "none", "--save_strategy", "no"]
