@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from benchlib import ROOT, HeldOut, grpo_minus_sft, hardware, matmul_ms
+from benchlib import ROOT, HeldOut, commit, grpo_minus_sft, hardware, matmul_ms
 
 SHARED = ROOT.parent / "shared" / "data"
 BASELINES = ("none", "rules", "top-day", "top-days", "dbscan-tuned", "timeline")
@@ -42,8 +42,9 @@ BASELINES = ("none", "rules", "top-day", "top-days", "dbscan-tuned", "timeline")
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/bench_real")
-    ap.add_argument("--locomo", default=str(SHARED / "locomo" / "locomo_dev.json"))
-    ap.add_argument("--realmem", default=str(SHARED / "realmem"))
+    ap.add_argument("--data", default=str(SHARED), help="a folder with locomo/ and realmem/ (data/README.md)")
+    ap.add_argument("--locomo", help="the LoCoMo file (default: DATA/locomo/locomo_dev.json, else locomo10.json)")
+    ap.add_argument("--realmem", help="the RealMem folder (default: DATA/realmem)")
     ap.add_argument("--start", default=str(ROOT / "models" / "tiny-locator-v3"), help="the checkpoint SFT starts from")
     ap.add_argument("--split", default="test", choices=["validation", "test"])
     ap.add_argument("--sft-args", default="", help="extra SFT recipe overrides (experiments)")
@@ -55,7 +56,17 @@ def parse_args(argv):
         help="skip stage 3 (the composite reward of SFT and GRPO by local generation: the slowest stage on CPU)",
     )
     ap.add_argument("--baselines", default=",".join(BASELINES))
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    data = Path(args.data)
+    dev = data / "locomo" / "locomo_dev.json"
+    args.locomo = args.locomo or str(dev if dev.exists() else data / "locomo" / "locomo10.json")
+    args.realmem = args.realmem or str(data / "realmem")
+    for what, path in (("LoCoMo", args.locomo), ("RealMem", args.realmem)):
+        if not Path(path).exists():
+            ap.error(
+                f"{what} not found at {path}: put it there (data/README.md says where each comes from) or pass --data"
+            )
+    return args
 
 
 def stages(args, out: Path) -> list:
@@ -153,6 +164,8 @@ def main(argv=None) -> int:
     timings["total_s"] = sum(v for k, v in timings.items() if k not in ("total_s", "this_run_s"))
     (out / "timings.json").write_text(json.dumps(timings, indent=1))
     results = {
+        "commit": commit(),
+        "command": " ".join(["OMP_NUM_THREADS=2 .venv/bin/python bench/bench_real.py", *sys.argv[1:]]),
         "hardware": hardware(),
         "float32_matmul_ms": matmul_ms(),
         "split": args.split,

@@ -32,6 +32,17 @@ BENCHMARK_DATA = argparse.Namespace(
 )
 
 
+def commit() -> str:
+    """The checked-out commit, ``-dirty`` when the tree has uncommitted changes to tracked files."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def hardware() -> str:
     try:
         from tider.hardware import describe  # the project's own description, where it exists
