@@ -234,3 +234,32 @@ def tider_cli(*args: str) -> subprocess.CompletedProcess:
     )
     assert run.returncode == 0, f"tider {args[0]} failed:\n{run.stdout[-3000:]}\n{run.stderr[-4000:]}"
     return run
+
+
+def test_the_time_limit_signal_saves_requeues_and_resumes(tiny_sft, recipe_work, recipe_data):
+    """SLURM's signal before the time limit (`#SBATCH --signal=B:USR1@600`; the shim sends it
+    once the trainer has logged a step): the trainer saves a checkpoint and stops, train.slurm
+    requeues the job (`scontrol requeue`), and the requeued job resumes from that checkpoint
+    (resume is train.slurm's default) and trains to the end, no step run twice."""
+    out = recipe_work / "qwen3-sft-requeued"
+    status, log, _ = sbatch(
+        1,
+        "sft",
+        "configs/sft/qwen3-1.7b.yaml",
+        "ddp",
+        *("--model_name_or_path", str(recipe_work / "base"), "--output_dir", str(out)),
+        *("--max_steps", "40", "--use_cpu", "true"),
+        *data_args(recipe_data),
+        *COMMON,
+        work=recipe_work,
+        env={"GPUS_PER_NODE": "1", "SHIM_SIGNAL_WHEN": str(out / "metrics.jsonl"), "TIDER_WATCH_INTERVAL": "1"},
+    )
+    assert status == 0, log[-6000:]
+    assert "the time limit is near" in log and "requeueing job" in log, log[-6000:]
+    assert "requeued; running it again" in log
+    stopped = re.search(r"saving a checkpoint at step (\d+) and stopping", log)
+    assert stopped and int(stopped.group(1)) < 40, log[-6000:]
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # each step once: the requeued job resumed from the checkpoint, it did not start again
+    assert [r["step"] for r in logged if "loss" in r] == list(range(1, 41)), logged
+    assert steps(out) == list(range(1, 41))
