@@ -154,6 +154,7 @@ def test_grpo_tiny_real(tiny_real, recipe_work, real_like):
     recipe = yaml.safe_load((ROOT / "configs/grpo/tiny-real.yaml").read_text())
     for name in recipe["reward_funcs"]:
         assert any(f"rewards/{name}/mean" in h for h in history(out)), name
+    assert any("eval_reward" in h for h in history(out)), history(out)  # the validation reward, logged
     assert recipe["test_memories"] == yaml.safe_load((ROOT / "configs/sft/tiny-real.yaml").read_text())["test_memories"]
     # the served answer is the recipe's vote at the rollout temperature, recorded in the contract
     decoding = json.loads((out / "tider_locator.json").read_text())["decoding"]
