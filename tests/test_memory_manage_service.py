@@ -214,3 +214,34 @@ def test_a_stale_if_match_is_a_409_and_loses_nothing(served):
         served, "PATCH", "/memories/alice.etag/messages/nope", json={"text": "x"}, headers={"If-Match": '"abc"'}
     )
     assert gone.status_code == 404
+
+
+def test_one_search_over_several_memories_inside_the_read_grant(served):
+    """`POST /search` names memories or patterns; one ranking, each hit naming its memory; a
+    pattern reaches only what the key may read, a named memory outside the grant is a 403."""
+    for name, text in (
+        ("alice.multi-work", "The offsite venue is Lisbon"),
+        ("alice.multi-home", "Pick up the bike on Friday"),
+    ):
+        msgs = [{"key": "k1", "text": text, "timestamp": "2024-03-01T10:00:00"}]
+        assert call(served, "POST", f"/memories/{name}/messages", json={"messages": msgs}).status_code == 200
+    bob = [{"key": "k1", "text": "Bob's offsite venue is Porto", "timestamp": "2024-03-01T10:00:00"}]
+    assert call(served, "POST", "/memories/bob.multi-work/messages", json={"messages": bob}).status_code == 200
+
+    r = call(served, "POST", "/search", ALICE, json={"memories": ["alice.multi-*"], "text": "offsite venue", "k": 5})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert sorted(got["memories"]) == ["alice.multi-home", "alice.multi-work"]
+    assert got["hits"][0]["memory"] == "alice.multi-work" and got["hits"][0]["id"] == "k1"
+    assert all(h["memory"].startswith("alice.multi-") for h in got["hits"])
+    scores = [h["score"] for h in got["hits"]]
+    assert scores == sorted(scores, reverse=True)
+
+    every = call(served, "POST", "/search", ADMIN, json={"memories": ["*.multi-work"], "text": "offsite venue", "k": 5})
+    assert {h["memory"] for h in every.json()["hits"]} >= {"alice.multi-work", "bob.multi-work"}
+    named = call(
+        served, "POST", "/search", ALICE, json={"memories": ["alice.multi-work", "bob.multi-work"], "text": "venue"}
+    )
+    assert named.status_code == 403
+    assert call(served, "POST", "/search", ALICE, json={"memories": ["alice.nope"], "text": "x"}).status_code == 404
+    assert call(served, "POST", "/search", ALICE, json={"memories": ["bad name!"], "text": "x"}).status_code == 422

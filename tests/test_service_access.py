@@ -33,6 +33,7 @@ ACCESS = {
     ("delete", "/memories/{name}/messages/{key}"): "write",
     ("post", "/memories/{name}/delete"): "write",
     ("delete", "/memories/{name}"): "write",
+    ("post", "/search"): "read",  # the memories are named in the body: checked per memory
 }
 
 
@@ -40,6 +41,8 @@ def body(method: str, path: str, key: str) -> dict | None:
     """A valid body, so a call that is allowed succeeds and one that is refused was refused."""
     if path.endswith("/messages") and method == "post":
         return {"messages": [{"key": "new", "text": "A new note", "timestamp": "2024-03-09T10:00:00"}]}
+    if path == "/search":
+        return {"memories": [NAME], "text": "the offsite", "k": 3}
     if path.endswith("/search"):
         return {"text": "the offsite", "k": 3}
     if method == "patch":

@@ -26,6 +26,10 @@ from pathlib import Path
 KEYS_ENV, KEY_ENV = "TIDER_API_KEYS", "TIDER_API_KEY"
 
 
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # a memory's name, as the service accepts it
+NAME_HELP = "memory name (letters, digits, . _ -)"
+
+
 class KeyFileError(ValueError):
     """A key file that cannot be used; names the file and the entry."""
 

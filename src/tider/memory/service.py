@@ -43,7 +43,6 @@ opts in to a persistent cache there (hashed keys, no question text).
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import os
@@ -61,20 +60,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tider.memory.backends import open_backend
 from tider.memory.files import StoreError
-from tider.memory.keys import KeyRing
+from tider.memory.keys import NAME, NAME_HELP, KeyRing
 from tider.memory.open_memories import DEFAULT_LIMIT, OpenMemories
 from tider.memory.pg.config import DatabaseUnavailable
 from tider.memory.records import MemoryInputError
 from tider.memory.service_manage import add_management_routes
-from tider.types import NON_TEMPORAL, WindowPrediction
+from tider.memory.service_search import add_search_routes
 
 if TYPE_CHECKING:
     from tider.memory.base import MemoryBase
 
 logger = logging.getLogger(__name__)
 
-NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-NAME_HELP = "memory name (letters, digits, . _ -)"
 MAX_BODY_BYTES = 8 * 2**20
 MAX_MESSAGES = 10_000
 # The request's bearer token, if any (checked by the app's authorizer, so no automatic 403).
@@ -102,44 +99,6 @@ class AddRequest(BaseModel):
 
 class AddResponse(BaseModel):
     ids: list[str]
-
-
-class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str = Field(max_length=10_000)
-    asked_at: str | None = Field(None, max_length=64, description="ISO 8601; nothing after it is returned")
-    user: str | None = Field(None, max_length=256)
-    k: int = Field(20, ge=1, le=1000)
-    windows: str = Field(
-        "none", max_length=64, description="a window source: none, rules, dbscan-tuned, timeline, locator"
-    )
-
-
-class Hit(BaseModel):
-    id: str
-    text: str
-    timestamp: str
-    speaker: str
-    score: float
-
-
-class WindowOut(BaseModel):
-    start: str
-    end: str
-
-
-class PredictionOut(BaseModel):
-    temporal: bool
-    windows: list[WindowOut]
-
-
-class SearchResponse(BaseModel):
-    hits: list[Hit]
-    prediction: PredictionOut
-    window_source: str = Field(
-        description='the source that made the windows ("none": none asked for); a source that failed: '
-        '"none (<source> failed: <reason>)", the search then ran without windows'
-    )
 
 
 class BodyLimit:
@@ -207,50 +166,6 @@ class LazyBackend:
     def close(self) -> None:
         if self._backend is not None:
             self._backend.close()
-
-
-class ReportedWindows:
-    """One search's window source ``name``, run so that its failure shows. A source that
-    cannot be built or cannot answer (anything but bad input, ``MemoryInputError``, or the
-    store failing, ``StoreError``) gives no windows, and ``label`` says why; a model-backed
-    source (``ChatWindowSource``: ``locator``, ``prompted``) that answered nothing usable
-    (``request_failed``, an unparsable completion) likewise, where the source itself falls
-    back silently. A model-backed source runs as this request's shallow copy, so the
-    outcome read back is this request's, and resolves the question's time expressions
-    in memory (``resolver_for``), not in the on-disk cache of the dataset paths."""
-
-    def __init__(self, name: str, memory_name: str):
-        self.name, self.memory_name, self.label = name, memory_name, name
-
-    def predict(self, query, store) -> WindowPrediction:
-        from tider.locator.rules import resolver_for, shared_resolver
-
-        try:
-            source = store.source(self.name)
-            if hasattr(source, "last_outcomes"):
-                source = copy.copy(source)
-                if getattr(source, "resolver", None) is shared_resolver():  # the default: not for a memory
-                    source.resolver = resolver_for(store)
-            prediction = source.predict(query, store)
-        except (MemoryInputError, StoreError):
-            raise
-        except Exception as err:  # the served model down, a library error, a bad export
-            logger.debug("memory %r: window source %r raised", self.memory_name, self.name, exc_info=True)
-            return self._failed(f"{type(err).__name__}: {err}")
-        outcomes = getattr(source, "last_outcomes", None) or ()
-        failed = next((o for o in outcomes if o.failure), None)
-        if failed is not None:
-            detail = failed.detail or ""
-            return self._failed(detail if detail.startswith(failed.failure) else f"{failed.failure}: {detail}")
-        return prediction
-
-    def _failed(self, reason: str) -> WindowPrediction:
-        reason = " ".join(reason.split())[:300].rstrip(": ") or "no reason given"
-        self.label = f"none ({self.name} failed: {reason})"
-        logger.warning(
-            "memory %r: window source %r failed, searched without windows: %s", self.memory_name, self.name, reason
-        )
-        return NON_TEMPORAL
 
 
 def create_app(
@@ -372,35 +287,13 @@ def _add_routes(app: APIRouter, backend, memory) -> None:
         except MemoryInputError as err:
             raise _input_error(err) from None
 
-    @app.post("/memories/{name}/search", response_model=SearchResponse)
-    def search(body: SearchRequest, name: str = READS) -> SearchResponse:
-        with memory(name, create=False) as mem:
-            return _search(mem, body, name)
-
+    add_search_routes(app, backend, memory, READS, _input_error)
     add_management_routes(app, memory, READS, WRITES, _input_error)
 
 
 def _added(memory, name: str, records: list[dict]) -> list[str]:
     with memory(name, create=True) as mem:
         return mem.add(records)
-
-
-def _search(mem, body: SearchRequest, name: str) -> SearchResponse:
-    windows = body.windows if body.windows == "none" else ReportedWindows(body.windows, name)
-    try:
-        hits = mem.search(body.text, asked_at=body.asked_at, user=body.user, k=body.k, windows=windows)
-    except MemoryInputError as err:
-        raise _input_error(err) from None
-    g = mem.granularity
-    prediction = hits.prediction.to_json(g) if hits.prediction.temporal else {"temporal": False, "windows": []}
-    return SearchResponse(
-        hits=[
-            Hit(id=m.key, text=m.text, timestamp=m.timestamp.isoformat(), speaker=m.speaker, score=s)
-            for m, s in zip(hits.messages, hits.scores)
-        ],
-        prediction=PredictionOut(**prediction),
-        window_source=body.windows if isinstance(windows, str) else windows.label,
-    )
 
 
 def serve(store: str, host: str = "127.0.0.1", port: int = 8100, locator: dict | None = None, config=None) -> None:
