@@ -245,3 +245,14 @@ def test_one_search_over_several_memories_inside_the_read_grant(served):
     assert named.status_code == 403
     assert call(served, "POST", "/search", ALICE, json={"memories": ["alice.nope"], "text": "x"}).status_code == 404
     assert call(served, "POST", "/search", ALICE, json={"memories": ["bad name!"], "text": "x"}).status_code == 422
+
+
+def test_a_scope_name_of_200_characters_with_colons(served):
+    name = "user:alice.agent:support.session:" + "9f1c2e4a-7b3d-4e5f-8a9b-0c1d2e3f4a5b" * 5
+    name = name[:200]
+    assert len(name) == 200
+    msgs = [{"key": "k1", "text": "The refund was approved", "timestamp": "2024-03-01T10:00:00"}]
+    assert call(served, "POST", f"/memories/{name}/messages", json={"messages": msgs}).status_code == 200
+    assert search_ids(served, name, "refund") == ["k1"]
+    assert name in call(served, "GET", "/memories").json()["memories"]
+    assert call(served, "POST", f"/memories/{name}x/messages", json={"messages": msgs}).status_code == 422  # 201

@@ -26,8 +26,11 @@ from pathlib import Path
 KEYS_ENV, KEY_ENV = "TIDER_API_KEYS", "TIDER_API_KEY"
 
 
-NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # a memory's name, as the service accepts it
-NAME_HELP = "memory name (letters, digits, . _ -)"
+# A memory's name, as the service accepts it: up to 200 characters, so scopes such as
+# "user:alice.agent:support.session:9f1c2e4a-..." (UUIDs) fit; no "/" (it separates the
+# path's parts), and a directory store makes it a folder name (at most 255 bytes).
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$"
+NAME_HELP = "memory name (up to 200 of: letters, digits, . _ - : @)"
 
 
 class KeyFileError(ValueError):
