@@ -142,3 +142,34 @@ def test_an_update_never_loses_a_change_made_between_its_read_and_its_write(back
     with pytest.raises(VersionConflict) as err:
         mem.update("a", text="stale", if_version=version_of(read))
     assert err.value.current == version_of(mem.get("a")) and mem.get("a").text == "the launch moved to friday"
+
+
+@pytest.mark.parametrize("backend", ["directory", "postgres"])
+def test_deleted_and_rewritten_texts_leave_the_vector_cache(backend, tmp_path, request):
+    """The embedder's disk cache holds a vector per text; a deleted message's, and a rewritten
+    message's old text's, are removed with it (README: what is written where)."""
+    from tider.retrieval.embed import Embedder, embedding_text, text_hash
+
+    embedder = Embedder(cache_dir=tmp_path / "cache")
+    where = tmp_path / "m" if backend == "directory" else request.getfixturevalue("postgres").database()
+    mem = TemporalMemory(where, name="forget", embedder=embedder)
+    msgs = [
+        {"key": "a", "text": "the secret plan is to move to Oslo", "timestamp": "2024-01-01T10:00:00"},
+        {"key": "b", "text": "lunch was fine", "timestamp": "2024-01-02T10:00:00"},
+        {"key": "c", "text": "the budget is 20k", "timestamp": "2024-01-03T10:00:00"},
+    ]
+    mem.add(msgs)
+
+    def cached(key: str) -> bool:
+        return embedder._path(text_hash(embedding_text(mem.get(key), mem.config.embed_template))).exists()
+
+    assert cached("a") and cached("b") and cached("c")
+    old_b = embedder._path(text_hash(embedding_text(mem.get("b"), mem.config.embed_template)))
+    old_a = embedder._path(text_hash(embedding_text(mem.get("a"), mem.config.embed_template)))
+    mem.update("b", text="lunch was great")
+    assert not old_b.exists() and cached("b")
+    mem.delete(["a"])
+    assert not old_a.exists()
+    old_c = embedder._path(text_hash(embedding_text(mem.get("c"), mem.config.embed_template)))
+    assert mem.delete_all(start="2024-01-03") == ["c"] and not old_c.exists()
+    mem.close()

@@ -224,6 +224,8 @@ class MemoryBase(abc.ABC):
             new = replace(to_message(changed, "update"), id=old.id)
             stored = old if new == old else self._replace(old, new)
             if stored is not None:
+                if stored.text != old.text:
+                    self._forget_vectors([old])
                 return stored
         raise StoreError(f"memory {self.name!r}: message {key!r} kept changing during the update; retry it")
 
@@ -232,13 +234,37 @@ class MemoryBase(abc.ABC):
         keys = [keys] if isinstance(keys, str) else list(keys)
         if not all(isinstance(k, str) for k in keys):
             raise MemoryInputError("keys", "expected message keys (strings)")
-        return self._delete(list(dict.fromkeys(keys)), None, None) if keys else []
+        keys = list(dict.fromkeys(keys))
+        doomed = [m for k in keys if (m := self.get(k)) is not None]
+        gone = self._delete(keys, None, None) if keys else []
+        self._forget_vectors([m for m in doomed if m.key in set(gone)])
+        return gone
 
     def delete_all(self, start=None, end=None) -> list[str]:
         """Delete the messages with ``start <= timestamp <= end`` (no bounds: every one);
         returns their keys, in time order."""
         lo, hi = _time_range(start, end)
-        return self._delete(None, lo, hi)
+        with self._reading():
+            memory = self.messages()
+            first, stop = positions_between(memory.timestamps, lo, hi)
+            doomed = memory.messages[first:stop]
+        gone = self._delete(None, lo, hi)
+        self._forget_vectors([m for m in doomed if m.key in set(gone)])
+        return gone
+
+    def _forget_vectors(self, messages: Sequence[Message]) -> None:
+        """Deleted or rewritten texts leave the embedder's caches, in memory and on disk
+        (their own vector and their long-text chunks'), so a deleted text's vector is not
+        kept. Embedders without a cache (``forget``) keep nothing to forget."""
+        forget = getattr(self.embedder, "forget", None)
+        if forget is None or not messages:
+            return
+        from tider.retrieval.embed import embedding_text, message_chunks
+
+        cfg = self.config
+        texts = [embedding_text(m, cfg.embed_template) for m in messages]
+        chunks = message_chunks(self.embedder, messages, cfg.embed_template, cfg.embed_chunking)
+        forget(texts + [t for pieces in chunks for t in pieces])
 
     # -- search -------------------------------------------------------------------------
     def query(self, text: str, asked_at=None, user: str | None = None) -> Query:

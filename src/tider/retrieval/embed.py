@@ -235,6 +235,16 @@ class Embedder:
             while len(self._private) > PRIVATE_SIZE:
                 self._private.popitem(last=False)
 
+    def forget(self, texts: Sequence[str]) -> None:
+        """Drop these texts' vectors from process memory and from disk: the messages that
+        held them were deleted or rewritten (another message with the same text re-embeds)."""
+        digests = set(map(text_hash, texts))
+        with self._memo_lock:
+            for digest in digests:
+                self._memory.pop(digest, None)
+        for digest in digests:
+            self._path(digest).unlink(missing_ok=True)
+
     def _store(self, digest: str, vec: np.ndarray) -> None:
         self._remember(digest, vec)
         with self._memo_lock:
