@@ -1,8 +1,9 @@
-"""`tider data stats` and `tider data synth`."""
+"""`tider data stats`, `tider data synth` and `tider data get`."""
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from tider.data import LOADERS
 
@@ -27,6 +28,26 @@ def register(subparsers) -> None:
     synth.add_argument("--conversations", type=int, default=16)
     synth.add_argument("--seed", type=int, default=0)
     synth.set_defaults(func=run_synth)
+
+    get = sub.add_parser("get", help="download a public benchmark (locomo, longmemeval, realmem), checksummed")
+    get.add_argument("name", help="locomo | longmemeval | realmem")
+    get.add_argument("--out", default="data", help="the data folder: NAME/ is made in it (default: data)")
+    get.add_argument(
+        "--mirror",
+        default=os.environ.get("TIDER_DATA_MIRROR"),
+        help="a base URL laid out as BASE/NAME/FILE, read instead of the public sources ($TIDER_DATA_MIRROR)",
+    )
+    get.set_defaults(func=run_get)
+
+
+def run_get(args: argparse.Namespace) -> int:
+    from tider.data.sources import DownloadError, get
+
+    try:
+        get(args.name, args.out, args.mirror)
+    except DownloadError as err:
+        raise SystemExit(f"tider data get: {err}") from None
+    return 0
 
 
 def run_stats(args: argparse.Namespace) -> int:
