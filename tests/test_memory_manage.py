@@ -173,3 +173,29 @@ def test_deleted_and_rewritten_texts_leave_the_vector_cache(backend, tmp_path, r
     old_c = embedder._path(text_hash(embedding_text(mem.get("c"), mem.config.embed_template)))
     assert mem.delete_all(start="2024-01-03") == ["c"] and not old_c.exists()
     mem.close()
+
+
+@pytest.mark.parametrize("backend", ["directory", "postgres"])
+def test_metadata_is_stored_returned_and_updated(backend, embedder, tmp_path, request):
+    where = tmp_path / "meta" if backend == "directory" else request.getfixturevalue("postgres").database()
+    mem = TemporalMemory(where, name="meta", embedder=embedder)
+    mem.add(
+        [
+            {
+                "key": "a",
+                "text": "refund approved",
+                "timestamp": "2024-01-01T10:00:00",
+                "metadata": {"ticket": 7, "vip": True},
+            },
+            {"key": "b", "text": "no metadata here", "timestamp": "2024-01-02T10:00:00"},
+        ]
+    )
+    assert dict(mem.get("a").metadata) == {"ticket": 7, "vip": True} and mem.get("b").metadata == ()
+    changed = mem.update("a", metadata={"ticket": 8, "team": "billing"})
+    assert dict(changed.metadata) == {"ticket": 8, "team": "billing"} and changed.text == "refund approved"
+    with pytest.raises(MemoryInputError, match="metadata"):
+        mem.add([{"key": "c", "text": "x", "timestamp": "2024-01-03", "metadata": {"bad": [1, 2]}}])
+    mem.close()
+    again = TemporalMemory(where, name="meta", embedder=embedder)
+    assert dict(again.get("a").metadata) == {"ticket": 8, "team": "billing"}
+    again.close()

@@ -256,3 +256,60 @@ def test_a_scope_name_of_200_characters_with_colons(served):
     assert search_ids(served, name, "refund") == ["k1"]
     assert name in call(served, "GET", "/memories").json()["memories"]
     assert call(served, "POST", f"/memories/{name}x/messages", json={"messages": msgs}).status_code == 422  # 201
+
+
+def test_filters_on_session_speaker_and_metadata_in_search_list_and_delete(served):
+    msgs = [
+        {
+            "key": "f1",
+            "text": "The venue for the offsite is Lisbon",
+            "timestamp": "2024-05-01T10:00:00",
+            "speaker": "ana",
+            "session": "s1",
+            "metadata": {"ticket": 7, "team": "ops"},
+        },
+        {
+            "key": "f2",
+            "text": "The venue for the party is Porto",
+            "timestamp": "2024-05-02T10:00:00",
+            "speaker": "bo",
+            "session": "s2",
+            "metadata": {"ticket": 8, "team": "ops"},
+        },
+        {
+            "key": "f3",
+            "text": "The venue for the retro is Faro",
+            "timestamp": "2024-05-03T10:00:00",
+            "speaker": "ana",
+            "session": "s2",
+            "metadata": {"ticket": 9, "vip": True},
+        },
+    ]
+    assert call(served, "POST", "/memories/alice.filters/messages", json={"messages": msgs}).status_code == 200
+    got = call(served, "GET", "/memories/alice.filters/messages/f1").json()
+    assert got["metadata"] == {"ticket": 7, "team": "ops"}
+
+    def search(filters):
+        body = {"text": "which venue?", "k": 10, "filters": filters}
+        r = call(served, "POST", "/memories/alice.filters/search", json=body)
+        assert r.status_code == 200, r.text
+        return sorted(h["id"] for h in r.json()["hits"])
+
+    assert search({"speaker": "ana"}) == ["f1", "f3"]
+    assert search({"session": ["s1", "s2"], "speaker": "bo"}) == ["f2"]
+    assert search({"metadata": {"team": "ops"}}) == ["f1", "f2"]
+    assert search({"metadata": {"vip": True}}) == ["f3"] and search({"metadata": {"ticket": "7"}}) == []
+    bad = call(served, "POST", "/memories/alice.filters/search", json={"text": "x", "filters": {"user": "a"}})
+    assert bad.status_code == 422
+
+    listed = call(
+        served, "GET", "/memories/alice.filters/messages", params={"session": "s2", "metadata": '{"vip": true}'}
+    )
+    assert [m["id"] for m in listed.json()["messages"]] == ["f3"]
+    assert call(served, "GET", "/memories/alice.filters/messages", params={"metadata": "{oops"}).status_code == 422
+
+    gone = call(served, "POST", "/memories/alice.filters/delete", json={"filters": {"metadata": {"team": "ops"}}})
+    assert gone.json() == {"deleted": ["f1", "f2"]}
+    assert [m["id"] for m in call(served, "GET", "/memories/alice.filters/messages").json()["messages"]] == ["f3"]
+    patched = call(served, "PATCH", "/memories/alice.filters/messages/f3", json={"metadata": {"vip": False}})
+    assert patched.json()["metadata"] == {"vip": False} and patched.json()["text"].endswith("Faro")

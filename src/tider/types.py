@@ -114,6 +114,9 @@ class Message:
     phase: str | None = None
     stage: int | None = None
     role: str | None = None
+    # The user's own fields (mem0/Zep "metadata"), sorted (name, value) pairs so a message
+    # stays hashable; values are strings, numbers or booleans. ``dict(m.metadata)`` reads them.
+    metadata: tuple[tuple[str, str | int | float | bool], ...] = ()
 
 
 class Memory:

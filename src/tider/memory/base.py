@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tider.memory.files import StoreError
+from tider.memory.filters import parse_filter
 from tider.memory.records import (
     MemoryInputError,
     MessageNotFound,
@@ -191,10 +192,11 @@ class MemoryBase(abc.ABC):
             pos = memory.id_of(key)
             return None if pos is None else memory[pos]
 
-    def get_all(self, start=None, end=None, offset: int = 0, limit: int = 100) -> list[Message]:
-        """The messages with ``start <= timestamp <= end`` (either end open) in time order:
-        ``limit`` of them from the ``offset``-th."""
+    def get_all(self, start=None, end=None, offset: int = 0, limit: int = 100, filters=None) -> list[Message]:
+        """The messages with ``start <= timestamp <= end`` (either end open) that ``filters``
+        (``tider.memory.filters``) keep, in time order: ``limit`` of them from the ``offset``-th."""
         lo, hi = _time_range(start, end)
+        keep = parse_filter(filters)
         if not isinstance(offset, int) or offset < 0:
             raise MemoryInputError("offset", f"expected an integer >= 0, got {offset!r}")
         if not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
@@ -202,16 +204,21 @@ class MemoryBase(abc.ABC):
         with self._reading():
             memory = self.messages()
             first, stop = positions_between(memory.timestamps, lo, hi)
-            return list(memory.messages[first + offset : min(stop, first + offset + limit)])
+            if keep is None:
+                return list(memory.messages[first + offset : min(stop, first + offset + limit)])
+            return [m for m in memory.messages[first:stop] if keep.matches(m)][offset : offset + limit]
 
-    def update(self, key: str, text: str | None = None, timestamp=None, if_version: str | None = None) -> Message:
-        """Replace message ``key``'s text and/or time, its other fields kept; returns it as
-        stored. The embedding is recomputed for a new text (outside any write lock).
+    def update(
+        self, key: str, text: str | None = None, timestamp=None, if_version: str | None = None, metadata=None
+    ) -> Message:
+        """Replace message ``key``'s text, time and/or metadata (a mapping that replaces the
+        old one), its other fields kept; returns it as stored. The embedding is recomputed for
+        a new text (outside any write lock).
         ``if_version`` (``version_of`` the message as read) makes it conditional: a message
         changed since is a ``VersionConflict``, never a lost update. Without it, a change
         that lands between this call's read and its write is read again and built upon."""
-        if text is None and timestamp is None:
-            raise MemoryInputError("update", "give a text, a timestamp or both")
+        if text is None and timestamp is None and metadata is None:
+            raise MemoryInputError("update", "give a text, a timestamp, metadata or any of them")
         for _ in range(UPDATE_TRIES):
             old = self.get(key)
             if old is None:
@@ -221,6 +228,8 @@ class MemoryBase(abc.ABC):
             changed = {**message_to_json(old), **({"text": text} if text is not None else {})}
             if timestamp is not None:
                 changed["timestamp"] = to_utc(timestamp, "timestamp")
+            if metadata is not None:
+                changed["metadata"] = metadata
             new = replace(to_message(changed, "update"), id=old.id)
             stored = old if new == old else self._replace(old, new)
             if stored is not None:
@@ -240,15 +249,16 @@ class MemoryBase(abc.ABC):
         self._forget_vectors([m for m in doomed if m.key in set(gone)])
         return gone
 
-    def delete_all(self, start=None, end=None) -> list[str]:
-        """Delete the messages with ``start <= timestamp <= end`` (no bounds: every one);
-        returns their keys, in time order."""
+    def delete_all(self, start=None, end=None, filters=None) -> list[str]:
+        """Delete the messages with ``start <= timestamp <= end`` (no bounds: every one) that
+        ``filters`` keep; returns their keys, in time order."""
         lo, hi = _time_range(start, end)
+        keep = parse_filter(filters)
         with self._reading():
             memory = self.messages()
             first, stop = positions_between(memory.timestamps, lo, hi)
-            doomed = memory.messages[first:stop]
-        gone = self._delete(None, lo, hi)
+            doomed = [m for m in memory.messages[first:stop] if keep is None or keep.matches(m)]
+        gone = self._delete(None, lo, hi) if keep is None else self._delete([m.key for m in doomed], None, None)
         self._forget_vectors([m for m in doomed if m.key in set(gone)])
         return gone
 
@@ -325,20 +335,29 @@ class MemoryBase(abc.ABC):
         query_vector: np.ndarray | None = None,
         exact: bool | None = None,
         semantic: str | None = None,
+        filters=None,
     ) -> SearchHits:
         """The top-``k`` messages for ``text`` asked at ``asked_at`` (nothing after it with
         ``config.past_only``), ranked by the dual-channel retriever with the windows of
         ``windows``. ``exact``: True scores every message, False takes the index-backed
         path, None (default) chooses by size (``config.index_min_messages``). ``semantic``
-        overrides the channel mode (dense | bm25 | hybrid)."""
+        overrides the channel mode (dense | bm25 | hybrid). ``filters``
+        (``tider.memory.filters``): only the messages they keep, in the order the exact
+        ranking of every visible message gives them."""
         k = self.config.k if k is None else int(k)
         if k < 1:
             raise MemoryInputError("k", f"must be at least 1, got {k}")
+        keep = parse_filter(filters)
         with self._reading():
             query = self.query(text, asked_at, user)
             prediction = self.predict(query, windows)
-            positions, scores, used_exact = self.rank(query, prediction, k, query_vector, exact, semantic)
+            depth = k if keep is None else max(k, self.cut(query.asked_at))
+            exact = exact if keep is None else True
+            positions, scores, used_exact = self.rank(query, prediction, depth, query_vector, exact, semantic)
             msgs = self._messages_at(positions)
+        if keep is not None:
+            kept = [i for i, m in enumerate(msgs) if keep.matches(m)][:k]
+            positions, scores, msgs = [positions[i] for i in kept], [scores[i] for i in kept], [msgs[i] for i in kept]
         return SearchHits(
             [m.key for m in msgs], [float(s) for s in scores], msgs, [int(i) for i in positions], prediction, used_exact
         )

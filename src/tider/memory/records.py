@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
@@ -95,6 +96,31 @@ def _text(record: Mapping, name: str, where: str, required: bool = False, defaul
     return checked_text(value, f"{where}.{name}")
 
 
+MAX_METADATA = 32  # fields a message's metadata may hold
+
+
+def checked_metadata(value: Any, field: str) -> tuple:
+    """A ``metadata`` mapping (or a message's pairs) as a message holds it: sorted (name,
+    value) pairs, names of 1-64 characters, values strings, numbers or booleans."""
+    if value is None or value == ():
+        return ()
+    pairs = value.items() if isinstance(value, Mapping) else value
+    if not isinstance(value, Mapping | tuple):
+        raise MemoryInputError(field, f"expected an object, got {type(value).__name__}")
+    out = {}
+    for name, item in pairs:
+        if not isinstance(name, str) or not 1 <= len(name) <= 64:
+            raise MemoryInputError(field, f"a field name must be a string of 1-64 characters, got {name!r}")
+        if isinstance(item, str):
+            item = checked_text(item, f"{field}.{name}")
+        elif not isinstance(item, bool | int | float) or (isinstance(item, float) and math.isnan(item)):
+            raise MemoryInputError(f"{field}.{name}", f"expected a string, number or boolean, got {item!r}")
+        out[checked_text(name, field)] = item
+    if len(out) > MAX_METADATA:
+        raise MemoryInputError(field, f"at most {MAX_METADATA} fields, got {len(out)}")
+    return tuple(sorted(out.items()))
+
+
 def content_key(text: str, timestamp: datetime, speaker: str, session: str) -> str:
     blob = json.dumps([text, timestamp.isoformat(), speaker, session], ensure_ascii=False)
     return "m-" + hashlib.sha1(blob.encode("utf-8")).hexdigest()[:16]
@@ -122,6 +148,7 @@ def to_message(record: Message | Mapping, where: str) -> Message:
     if key is not None and not key:
         raise MemoryInputError(f"{where}.key", "empty")
     extra = {name: _text(record, name, where) for name in OPTIONAL_TEXT}
+    extra["metadata"] = checked_metadata(record.get("metadata"), f"{where}.metadata")
     return Message(
         id=-1,
         key=key or content_key(text, timestamp, speaker, session),
@@ -150,6 +177,8 @@ def message_to_json(m: Message) -> dict:
         "session": m.session,
     }
     out.update({f: getattr(m, f) for f in (*OPTIONAL_TEXT, "stage") if getattr(m, f) is not None})
+    if m.metadata:
+        out["metadata"] = dict(m.metadata)
     return out
 
 
@@ -170,5 +199,6 @@ def message_from_json(data: dict, row: int) -> Message:
         speaker=data["speaker"],
         session=data["session"],
         stage=data.get("stage"),
+        metadata=tuple(sorted(data.get("metadata", {}).items())),
         **{f: data.get(f) for f in OPTIONAL_TEXT},
     )

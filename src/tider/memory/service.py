@@ -90,6 +90,9 @@ class MessageIn(BaseModel):
     phase: str | None = Field(None, max_length=256)
     role: str | None = Field(None, max_length=256)
     stage: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
+    metadata: dict[str, str | int | float | bool] | None = Field(
+        None, max_length=32, description="your own fields, up to 32: strings, numbers, booleans; filterable"
+    )
 
 
 class AddRequest(BaseModel):

@@ -2,12 +2,13 @@
 ``MemoryBase``'s ``get`` / ``get_all`` / ``update`` / ``delete`` / ``delete_all``:
 
 ```
-GET    /memories/{name}/messages?start&end&offset&limit  {"messages": [...], "next_offset": int | null}
+GET    /memories/{name}/messages?start&end&offset&limit&session&speaker&metadata={JSON}
+                                                          {"messages": [...], "next_offset": int | null}
 GET    /memories/{name}/messages/{key}                   a message (ETag: its version), or 404
 PATCH  /memories/{name}/messages/{key}  {"text"?, "timestamp"?}  -> the message as stored
        If-Match: "VERSION" makes it conditional: a message changed since is a 409
 DELETE /memories/{name}/messages/{key}                   {"deleted": [key]}, or 404
-POST   /memories/{name}/delete          {"keys": [...]} or {"start"?, "end"?}  -> {"deleted": [...]}
+POST   /memories/{name}/delete          {"keys": [...]} or {"start"?, "end"?, "filters"?}  -> {"deleted": [...]}
 DELETE /memories/{name}                                  every message of the memory: {"deleted": [...]}
 ```
 
@@ -20,14 +21,19 @@ the change applies to whatever is stored then (the last writer wins, field by fi
 
 from __future__ import annotations
 
+import json
+
 from fastapi import APIRouter, Header, HTTPException, Query, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tider.memory.base import MAX_PAGE
 from tider.memory.records import MemoryInputError, MessageNotFound, VersionConflict, version_of
+from tider.memory.service_search import Filters
 from tider.types import Message
 
+SESSIONS = Query(None, max_length=100, description="any of these sessions")
+SPEAKERS = Query(None, max_length=100, description="any of these speakers")
 KEY = PathParam(min_length=1, max_length=256, description="the message's key")
 
 
@@ -42,6 +48,7 @@ class MessageOut(BaseModel):
     phase: str | None = None
     role: str | None = None
     stage: int | None = None
+    metadata: dict[str, str | int | float | bool] = Field(default_factory=dict)
     version: str = Field(description="changes with any change of the message; its ETag")
 
     @classmethod
@@ -53,6 +60,7 @@ class MessageOut(BaseModel):
             timestamp=m.timestamp.isoformat(),
             speaker=m.speaker,
             session=m.session,
+            metadata=dict(m.metadata),
             **{f: getattr(m, f) for f in ("channel", "topic", "phase", "role", "stage")},
         )
 
@@ -66,11 +74,12 @@ class UpdateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str | None = Field(None, max_length=100_000)
     timestamp: str | None = Field(None, min_length=1, max_length=64)
+    metadata: dict[str, str | int | float | bool] | None = Field(None, max_length=32, description="replaces it")
 
     @model_validator(mode="after")
     def _something(self):
-        if self.text is None and self.timestamp is None:
-            raise ValueError("give a text, a timestamp or both")
+        if self.text is None and self.timestamp is None and self.metadata is None:
+            raise ValueError("give a text, a timestamp, metadata or any of them")
         return self
 
 
@@ -79,11 +88,15 @@ class DeleteRequest(BaseModel):
     keys: list[str] | None = Field(None, min_length=1, max_length=10_000)
     start: str | None = Field(None, min_length=1, max_length=64)
     end: str | None = Field(None, min_length=1, max_length=64)
+    filters: Filters | None = None
 
     @model_validator(mode="after")
     def _one_filter(self):
-        if (self.keys is None) == (self.start is None and self.end is None):
-            raise ValueError("give either keys or a time range (start and/or end); DELETE /memories/{name} empties it")
+        chosen = self.start is not None or self.end is not None or self.filters is not None
+        if (self.keys is None) == (not chosen):
+            raise ValueError(
+                "give either keys or a time range (start and/or end) and/or filters; DELETE /memories/{name} empties it"
+            )
         return self
 
 
@@ -109,6 +122,25 @@ def tagged(response: Response, out: MessageOut) -> MessageOut:
     return out
 
 
+def listing_filters(session, speaker, metadata: str | None) -> dict | None:
+    """A listing's query parameters as ``tider.memory.filters`` filters (None: none given)."""
+    out: dict = {}
+    if session:
+        out["session"] = session
+    if speaker:
+        out["speaker"] = speaker
+    if metadata is not None:
+        try:
+            out["metadata"] = json.loads(metadata)
+        except ValueError:
+            raise HTTPException(422, f"metadata: not JSON: {metadata[:100]!r}") from None
+    return out or None
+
+
+def _missing(name: str, key: str):
+    raise MessageNotFound(name, key)
+
+
 def answered(call, input_error):
     """``call()``, its typed failures as HTTP answers: 422, 404, 409 (with the current ETag)."""
     try:
@@ -122,9 +154,8 @@ def answered(call, input_error):
 
 
 def add_management_routes(app: APIRouter, memory, reads, writes, input_error) -> None:
-    """``with memory(name, create=False) as mem`` leases an open memory (404 when there is none); ``reads`` and
-    ``writes`` are the name parameters that declare a route's access;
-    ``input_error`` turns a ``MemoryInputError`` into the service's 422."""
+    """``memory(name, create=False)`` leases an open memory (404: none); ``reads`` / ``writes``
+    declare a route's access; ``input_error`` makes a ``MemoryInputError`` the service's 422."""
 
     def run(call):
         return answered(call, input_error)
@@ -136,19 +167,21 @@ def add_management_routes(app: APIRouter, memory, reads, writes, input_error) ->
         end: str | None = Query(None, max_length=64),
         offset: int = Query(0, ge=0),
         limit: int = Query(100, ge=1, le=MAX_PAGE),
+        session: list[str] | None = SESSIONS,
+        speaker: list[str] | None = SPEAKERS,
+        metadata: str | None = Query(None, max_length=4096, description='JSON: {"field": value, ...}'),
     ) -> ListResponse:
+        filters = listing_filters(session, speaker, metadata)
         with memory(name, create=False) as mem:
-            page = run(lambda: mem.get_all(start, end, offset, limit))
-            more = bool(page) and bool(mem.get_all(start, end, offset + limit, 1))
+            page = run(lambda: mem.get_all(start, end, offset, limit, filters))
+            more = bool(page) and bool(mem.get_all(start, end, offset + limit, 1, filters))
         return ListResponse(messages=[MessageOut.of(m) for m in page], next_offset=offset + limit if more else None)
 
     @app.get("/memories/{name}/messages/{key:path}", response_model=MessageOut)
     def get_message(response: Response, name: str = reads, key: str = KEY) -> MessageOut:
         with memory(name, create=False) as mem:
             found = mem.get(key)
-        if found is None:
-            raise HTTPException(404, f"memory {name!r} holds no message {key!r}")
-        return tagged(response, MessageOut.of(found))
+        return tagged(response, MessageOut.of(run(lambda: found or _missing(name, key))))
 
     @app.patch("/memories/{name}/messages/{key:path}", response_model=MessageOut)
     def update_message(
@@ -156,7 +189,7 @@ def add_management_routes(app: APIRouter, memory, reads, writes, input_error) ->
     ) -> MessageOut:
         version = None if if_match is None else wanted_version(if_match)
         with memory(name, create=False) as mem:
-            stored = run(lambda: mem.update(key, text=body.text, timestamp=body.timestamp, if_version=version))
+            stored = run(lambda: mem.update(key, **body.model_dump(), if_version=version))
         return tagged(response, MessageOut.of(stored))
 
     @app.delete("/memories/{name}/messages/{key:path}", response_model=DeleteResponse)
@@ -172,7 +205,8 @@ def add_management_routes(app: APIRouter, memory, reads, writes, input_error) ->
         with memory(name, create=False) as mem:
             if body.keys is not None:
                 return DeleteResponse(deleted=run(lambda: mem.delete(body.keys)))
-            return DeleteResponse(deleted=run(lambda: mem.delete_all(body.start, body.end)))
+            filters = body.filters and body.filters.as_dict()
+            return DeleteResponse(deleted=run(lambda: mem.delete_all(body.start, body.end, filters)))
 
     @app.delete("/memories/{name}", response_model=DeleteResponse)
     def delete_memory(name: str = writes) -> DeleteResponse:

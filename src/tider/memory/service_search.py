@@ -20,6 +20,18 @@ logger = logging.getLogger(__name__)
 RRF_K = 60  # the fusion constant of the retriever's own fusions (RetrievalConfig.rrf_k)
 
 
+class Filters(BaseModel):
+    """Only the messages these keep (``tider.memory.filters``): every named part must hold."""
+
+    model_config = ConfigDict(extra="forbid")
+    session: str | list[str] | None = Field(None, description="a session, or any of several")
+    speaker: str | list[str] | None = Field(None, description="a speaker, or any of several")
+    metadata: dict[str, str | int | float | bool] | None = Field(None, max_length=32, description="fields, equal")
+
+    def as_dict(self) -> dict:
+        return self.model_dump(exclude_none=True)
+
+
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(max_length=10_000)
@@ -29,6 +41,7 @@ class SearchRequest(BaseModel):
     windows: str = Field(
         "none", max_length=64, description="a window source: none, rules, dbscan-tuned, timeline, locator"
     )
+    filters: Filters | None = None
 
 
 class Hit(BaseModel):
@@ -188,7 +201,8 @@ def _search(mem, body: SearchRequest, name: str, input_error, cosines: dict | No
     each hit under the memory's name."""
     windows = body.windows if body.windows == "none" else ReportedWindows(body.windows, name)
     try:
-        hits = mem.search(body.text, asked_at=body.asked_at, user=body.user, k=body.k, windows=windows)
+        filters = body.filters.as_dict() if body.filters else None
+        hits = mem.search(body.text, asked_at=body.asked_at, user=body.user, k=body.k, windows=windows, filters=filters)
     except MemoryInputError as err:
         raise input_error(err) from None
     if cosines is not None:

@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 import numpy as np
+from psycopg.types.json import Jsonb
 
 from tider.memory.files import StoreError
 from tider.memory.pg.write import Fresh, _insert_chunks, _insert_postings, as_array
@@ -54,13 +55,14 @@ from tider.memory.records import MessageNotFound
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Message
 
-STORED = "seq, pos, key, ts, text, speaker, session, channel, topic, phase, stage, role, doc_length"
+STORED = "seq, pos, key, ts, text, speaker, session, channel, topic, phase, stage, role, metadata, doc_length"
 
 
 def _stored_message(row) -> tuple[int, int, int, Message]:
     """``(seq, pos, doc_length, message with id = pos)`` of a ``STORED`` row."""
-    seq, pos, key, ts, text, speaker, session, channel, topic, phase, stage, role, length = row
-    return seq, pos, length, Message(pos, key, text, ts, speaker, session, channel, topic, phase, stage, role)
+    seq, pos, key, ts, text, speaker, session, channel, topic, phase, stage, role, metadata, length = row
+    meta = tuple(sorted(metadata.items()))
+    return seq, pos, length, Message(pos, key, text, ts, speaker, session, channel, topic, phase, stage, role, meta)
 
 
 def read_message(conn, memory_id: int, key: str) -> Message | None:
@@ -123,11 +125,11 @@ def _rewrite_row(conn, memory_id: int, seq: int, new: Message, length: int, vect
     """The stored message ``seq`` becomes ``new`` (its vector too, unless ``vector`` is None)."""
     conn.execute(
         "UPDATE tider_messages SET ts = %s, text = %s, speaker = %s, session = %s, channel = %s, topic = %s, "
-        "phase = %s, role = %s, stage = %s, doc_length = %s"
+        "phase = %s, role = %s, stage = %s, metadata = %s, doc_length = %s"
         + (", embedding = %s" if vector is not None else "")
         + " WHERE memory_id = %s AND seq = %s",
         (new.timestamp, new.text, new.speaker, new.session, new.channel, new.topic, new.phase, new.role)
-        + (new.stage, length)
+        + (new.stage, Jsonb(dict(new.metadata)), length)
         + ((vector,) if vector is not None else ())
         + (memory_id, seq),
     )

@@ -130,6 +130,15 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "the version of each memory's last delete or update: a reader's copy from before it is read again",
         ["ALTER TABLE tider_memories ADD COLUMN rewritten bigint NOT NULL DEFAULT 0"],
     ),
+    (
+        5,
+        "each message's own metadata (the user's fields), indexed for filters (jsonb containment)",
+        [
+            "ALTER TABLE tider_messages ADD COLUMN metadata jsonb NOT NULL DEFAULT '{}'",
+            "CREATE INDEX tider_messages_metadata ON tider_messages USING gin (metadata jsonb_path_ops)",
+            "CREATE INDEX tider_messages_session ON tider_messages (memory_id, session)",
+        ],
+    ),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -21,12 +21,13 @@ import numpy as np
 from tider.memory.pg.write import as_array
 from tider.types import Memory, Message
 
-ROW_COLUMNS = "seq, key, ts, text, speaker, session, channel, topic, phase, stage, role"
+ROW_COLUMNS = "seq, key, ts, text, speaker, session, channel, topic, phase, stage, role, metadata"
 
 
 def message_of(row) -> Message:
-    seq, key, ts, text, speaker, session, channel, topic, phase, stage, role = row
-    return Message(seq, key, text, ts, speaker, session, channel, topic, phase, stage, role)
+    seq, key, ts, text, speaker, session, channel, topic, phase, stage, role, metadata = row
+    meta = tuple(sorted(metadata.items()))
+    return Message(seq, key, text, ts, speaker, session, channel, topic, phase, stage, role, meta)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
+from psycopg.types.json import Jsonb
 
 from tider.memory.files import StoreError
 from tider.retrieval.config import RetrievalConfig
@@ -47,6 +48,7 @@ MESSAGE_COLUMNS = (
     "phase",
     "role",
     "stage",
+    "metadata",
     "doc_length",
     "embedding",
 )
@@ -157,14 +159,14 @@ def _insert_messages(conn, memory_id: int, fresh: Fresh, append_at: int | None) 
     conn.execute(
         "CREATE TEMP TABLE tider_staging (ord integer, pos bigint, key text, ts timestamp, text text, "
         "speaker text, session text, channel text, topic text, phase text, role text, stage integer, "
-        "doc_length integer, embedding vector) ON COMMIT DROP"
+        "metadata jsonb, doc_length integer, embedding vector) ON COMMIT DROP"
     )
     with conn.cursor().copy(f"COPY tider_staging (ord, pos, {columns}) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(["int4", "int8", "text", "timestamp", *["text"] * 7, "int4", "int4", "vector"])
+        copy.set_types(["int4", "int8", "text", "timestamp", *["text"] * 7, "int4", "jsonb", "int4", "vector"])
         for i, (m, length) in enumerate(zip(msgs, fresh.doc_lengths())):
             copy.write_row(
                 (i, pos[i], m.key, m.timestamp, m.text, m.speaker, m.session, m.channel, m.topic, m.phase, m.role)
-                + (m.stage, length, fresh.vectors[i])
+                + (m.stage, Jsonb(dict(m.metadata)), length, fresh.vectors[i])
             )
     rows = conn.execute(
         f"INSERT INTO tider_messages (memory_id, pos, {columns}) SELECT %s, pos, {columns} FROM tider_staging "
