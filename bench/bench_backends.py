@@ -11,7 +11,7 @@ Per size (10k and 100k messages in one memory):
   phrases), top 20, from a *second* process that did not write the data (for the embedded
   store, the next process to open it; for PostgreSQL, any process);
 - agreement of the two backends' top 20 (share of common messages);
-- changes, in that second process: 20 rounds of adding one message, updating one message's
+- changes, in that second process: ``--changes`` rounds (20) of adding one message, updating one message's
   text, deleting one, each followed by a search (``change_phase``), against its plain p50.
 Then the evaluation table, ``tider eval retrieval`` on LoCoMo dev through both backends
 (``--store URL``), and the lexical channel as BM25 in SQL against Postgres's own
@@ -47,7 +47,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
-from benchlib import hardware, load
+from benchlib import commit, hardware, load
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2021, 1, 1)
@@ -135,7 +135,7 @@ def latency(times: list[float]) -> dict:
     return {"p50_ms": round(float(np.percentile(times, 50)), 2), "p95_ms": round(float(np.percentile(times, 95)), 2)}
 
 
-def child_search(store: str, n: int, count: int) -> dict:
+def child_search(store: str, n: int, count: int, changes: int) -> dict:
     queries = query_set(count)
     t0 = time.perf_counter()
     mem = open_memory(store, f"bench-{n}")
@@ -154,23 +154,20 @@ def child_search(store: str, n: int, count: int) -> dict:
             if mode == "none":
                 out["top20"].append(hits.ids)
         out[mode] = latency(times)
-    out["changes"] = change_phase(mem, n, queries)
+    out["changes"] = change_phase(mem, n, queries, changes)
     out["load_1min"] = load()
     mem.close()
     return out
 
 
-CHANGES = 20
-
-
-def change_phase(mem, n: int, queries: list[dict]) -> dict:
-    """``CHANGES`` rounds of: add one message after the newest, then search (what an agent
+def change_phase(mem, n: int, queries: list[dict], rounds: int) -> dict:
+    """``rounds`` rounds of: add one message after the newest, then search (what an agent
     does next); update one message's text, search; delete one, search. Each round's search
     is compared with the plain search p50 of the same process."""
     rng = np.random.default_rng(7)
     rows: dict[str, list[float]] = {"add": [], "search_after_add": [], "update": [], "search_after_update": []}
     rows.update(delete=[], search_after_delete=[])
-    for i in range(CHANGES):
+    for i in range(rounds):
         q = queries[i % len(queries)]
         vec = rng.normal(size=(1, DIM)).astype(np.float32)
         now = T0 + timedelta(days=3 * 365, minutes=i)  # an agent adds what just happened
@@ -191,8 +188,9 @@ def change_phase(mem, n: int, queries: list[dict]) -> dict:
     return {k: latency(v) for k, v in rows.items()}
 
 
-def run_child(role: str, store: str, n: int, count: int) -> dict:
+def run_child(role: str, store: str, n: int, count: int, changes: int = 0) -> dict:
     cmd = [sys.executable, __file__, "--child", role, "--store", store, "--n", str(n), "--queries", str(count)]
+    cmd += ["--changes", str(changes)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ})
     if done.returncode:
         raise RuntimeError(f"{role} {store}: {done.stderr[-3000:]}")
@@ -250,13 +248,13 @@ def vacuum(url: str) -> float:
     return round(time.perf_counter() - t0, 2)
 
 
-def run_scale(n: int, url: str, workdir: Path, count: int) -> dict:
+def run_scale(n: int, url: str, workdir: Path, count: int, changes: int) -> dict:
     row = {"messages": n}
     for backend, store in (("embedded", str(workdir / "stores")), ("postgres", url)):
         write = run_child("write", store, n, count)
         if backend == "postgres":
             write["vacuum_s"] = vacuum(url)
-        search = run_child("search", store, n, count)
+        search = run_child("search", store, n, count, changes)
         row[backend] = {**write, **search}
         print(n, backend, {k: v for k, v in row[backend].items() if k != "top20"}, flush=True)
     a, b = row["embedded"].pop("top20"), row["postgres"].pop("top20")
@@ -392,6 +390,7 @@ def main() -> None:
     p.add_argument("--out", default="bench/results/bench_backends.json")
     p.add_argument("--sizes", default="10000,100000")
     p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--changes", type=int, default=20, help="rounds of add / update / delete, each then a search")
     p.add_argument("--no-eval", action="store_true", help="skip the LoCoMo evaluation table and the lexical comparison")
     p.add_argument("--child", choices=["write", "search"], help=argparse.SUPPRESS)
     p.add_argument("--store", help=argparse.SUPPRESS)
@@ -399,7 +398,11 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         fn = child_write if args.child == "write" else child_search
-        print(json.dumps(fn(args.store, args.n) if args.child == "write" else fn(args.store, args.n, args.queries)))
+        print(
+            json.dumps(
+                fn(args.store, args.n) if args.child == "write" else fn(args.store, args.n, args.queries, args.changes)
+            )
+        )
         return
     from dataclasses import asdict
 
@@ -409,12 +412,14 @@ def main() -> None:
         workdir = Path(tmp)
         server, version = start_server(workdir)
         try:  # the server stops even when a run fails
-            results = {"hardware": hardware(), "postgres": version, "threads": 1}
+            results = {"hardware": hardware(), "postgres": version, "threads": 1, "commit": commit()}
             results["command"] = " ".join(["bench/bench_backends.py", *sys.argv[1:]])
             results["postgres_config"] = asdict(PostgresConfig())
             results["corpus"] = "12 Zipf(1.3) words from rank 100, 2 speakers; random unit vectors, dim 384"
             url = server.get_uri()
-            results["scales"] = [run_scale(int(n), url, workdir, args.queries) for n in args.sizes.split(",")]
+            results["scales"] = [
+                run_scale(int(n), url, workdir, args.queries, args.changes) for n in args.sizes.split(",")
+            ]
             if not args.no_eval and LOCOMO.is_file():
                 results["eval"] = eval_table(url, workdir)
                 results["lexical"] = lexical_comparison(url)
