@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_service import free_port
+from bench_service import start_service
 from benchlib import commit, hardware, load
 
 CHECKPOINTS = (1, 10, 100, 250, 500, 1000, 2000, 5000)
@@ -34,35 +32,12 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def start(root: str, max_open: int, token: str):
-    import httpx
-
-    port = free_port()
-    env = {**os.environ, "TIDER_API_KEY": token, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    env["TIDER_MAX_OPEN_MEMORIES"] = str(max_open)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tider.cli", "memory", "serve", "--path", root, "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return server, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    server.terminate()
-    raise RuntimeError("the service did not start")
-
-
 def one_run(memories: int, messages: int, max_open: int) -> dict:
     import httpx
 
     token = "bench-key"
     root = tempfile.mkdtemp(prefix="tider-many-")
-    server, url = start(root, max_open, token)
+    server, url = start_service(root, token, {"TIDER_MAX_OPEN_MEMORIES": str(max_open)})
     out = {"max_open": max_open, "rss_mib_started": rss_mib(server.pid), "rss_mib": {}}
     try:
         with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=120) as client:

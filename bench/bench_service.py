@@ -33,6 +33,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_service(root: str, token: str, env: dict | None = None):
+    """``tider memory serve`` on ``root`` as a user starts it (an API key, a free loopback
+    port); ``(process, url)`` once ``/health`` answers."""
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "TIDER_API_KEY": token, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tider.cli", "memory", "serve", "--path", root, "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    server.terminate()
+    raise RuntimeError("the service did not start")
+
+
 def main() -> None:
     import httpx
 
@@ -49,24 +73,11 @@ def main() -> None:
     key = min(ds.memories)
     memory = ds.memories[key]
     questions = [q for q in ds.queries if q.memory_key == key]
-    port, token = free_port(), "bench-key"
+    token = "bench-key"
     headers = {"Authorization": f"Bearer {token}"}
     root = tempfile.mkdtemp(prefix="tider-bench-service-")
-    env = {**os.environ, "TIDER_API_KEY": token, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tider.cli", "memory", "serve", "--path", root, "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    server, url = start_service(root, token)
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         with httpx.Client(headers=headers, timeout=60) as client:
             t0 = time.perf_counter()
             for i in range(0, len(memory), 200):
