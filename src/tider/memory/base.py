@@ -354,10 +354,11 @@ class MemoryBase(abc.ABC):
             depth = k if keep is None else max(k, self.cut(query.asked_at))
             exact = exact if keep is None else True
             positions, scores, used_exact = self.rank(query, prediction, depth, query_vector, exact, semantic)
+            if keep is not None:  # match on the memory's own copy; read only the k kept
+                memory = self.messages()
+                kept = [i for i, p in enumerate(positions) if keep.matches(memory[int(p)])][:k]
+                positions, scores = [positions[i] for i in kept], [scores[i] for i in kept]
             msgs = self._messages_at(positions)
-        if keep is not None:
-            kept = [i for i, m in enumerate(msgs) if keep.matches(m)][:k]
-            positions, scores, msgs = [positions[i] for i in kept], [scores[i] for i in kept], [msgs[i] for i in kept]
         return SearchHits(
             [m.key for m in msgs], [float(s) for s in scores], msgs, [int(i) for i in positions], prediction, used_exact
         )
