@@ -6,6 +6,7 @@ through every index, in RAM and on disk, and a deleted text leaves the store's f
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -81,6 +82,80 @@ def test_a_managed_memory_answers_as_one_built_from_its_survivors(kind, on_disk,
         assert [x.key for x in m.messages()] == [x.key for x in fresh.messages()]
         assert m.timeline().starts == fresh.timeline().starts
         assert answers(m, exact=kind == "exact") == answers(fresh, exact=kind == "exact")
+
+
+def _lines(root) -> list[dict]:
+    manifest = json.loads((root / "tider_memory.json").read_text())
+    names = [s["name"] for s in manifest["segments"]]
+    return manifest, [json.loads(x) for n in names for x in (root / "segments" / f"{n}.jsonl").read_text().splitlines()]
+
+
+def test_changes_mark_rows_dead_and_a_quarter_dead_compacts(tmp_path):
+    """A delete or an update moves no row (tider.memory.tombstones): the dead rows' lines
+    are scrubbed, the faiss rows stay, an update whose time keeps its place keeps its
+    position. Past a quarter dead the store is rewritten as its survivors. At each step it
+    answers as a memory built from the survivors, in RAM and read back."""
+    msgs, vecs = records(200)
+    config, root = CONFIGS["index"], tmp_path / "m"
+    mem = TemporalMemory(root, config=config, embedder=NoEmbedder())
+    for part in np.array_split(np.arange(200), 4):
+        mem.add([msgs[i] for i in part], vectors=vecs[part])
+    answers(mem, exact=False)
+    mem.timeline()
+    faiss, position = mem.state.faiss(), mem.get("m50").id
+    assert mem.update("m50", metadata={"topic": "offsite"}).id == position  # same text and time: same place
+    assert sorted(mem.delete(["m10", "m120"])) == ["m10", "m120"]
+    manifest, lines = _lines(root)
+    assert len(manifest["dead"]) == 3 and len(lines) == 201 and mem.state.n_rows == 201 and len(mem) == 198
+    assert sum(line == {"dead": True} for line in lines) == 3 and lines[-1]["seq"] == manifest["dead"][1]
+    assert mem.state.faiss() is faiss
+
+    def fresh_from(gone: set[str]):
+        keep = [i for i in range(200) if f"m{i}" not in gone]
+        fresh = TemporalMemory(None, config=config, embedder=NoEmbedder())
+        fresh.add([{**msgs[i], **({"metadata": {"topic": "offsite"}} if i == 50 else {})} for i in keep], vecs[keep])
+        return fresh
+
+    fresh = fresh_from({"m10", "m120"})
+    assert [m.key for m in mem.messages()] == [m.key for m in fresh.messages()]
+    assert mem.timeline().starts == fresh.timeline().starts
+    assert answers(mem, exact=False) == answers(fresh, exact=False)
+
+    gone = {"m10", "m120"} | {f"m{i}" for i in range(130, 180)}
+    mem.delete(sorted(gone))  # 53 of 201 rows dead: compacted
+    manifest, lines = _lines(root)
+    assert manifest["dead"] == [] and len(manifest["segments"]) == 1 and len(lines) == len(mem) == 148
+    assert not any("seq" in line or line == {"dead": True} for line in lines)
+    fresh = fresh_from(gone)
+    for m in (mem, None):
+        if m is None:
+            mem.close()
+            m = TemporalMemory(root, embedder=NoEmbedder())
+        assert [x.key for x in m.messages()] == [x.key for x in fresh.messages()]
+        assert answers(m, exact=False) == answers(fresh, exact=False)
+        assert dict(m.get("m50").metadata) == {"topic": "offsite"}
+
+
+def test_a_change_cut_before_its_scrub_is_finished_at_the_next_open(embedder, tmp_path, monkeypatch):
+    """The manifest is the commit point: a delete killed after it (before the text left the
+    segment file) is a delete, and the next open scrubs the line."""
+    from tider.memory.tombstones import Tombstones
+
+    msgs, _ = records(30)
+    msgs[4]["text"] = "the zeppelin tour is booked"
+    mem = TemporalMemory(tmp_path / "m", embedder=embedder)
+    mem.add(msgs)
+    real = Tombstones._scrub
+    monkeypatch.setattr(Tombstones, "_scrub", lambda self, rows: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        mem.delete(["m4"])
+    mem.state.files.close()  # the process died: nothing more is written
+    assert b"zeppelin" in store_bytes(tmp_path / "m")
+    monkeypatch.setattr(Tombstones, "_scrub", real)
+    with TemporalMemory(tmp_path / "m", embedder=embedder) as again:
+        assert again.get("m4") is None and len(again) == 29
+        assert b"zeppelin" not in store_bytes(tmp_path / "m")
+        assert "m4" not in again.search("zeppelin tour", k=29).ids
 
 
 def test_get_all_pages_and_bad_calls_change_nothing(tmp_path):

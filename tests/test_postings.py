@@ -51,6 +51,27 @@ def test_postings_save_and_load(tmp_path):
     assert np.array_equal(loaded.scores("decide launch"), postings.scores("decide launch"))
 
 
+def test_removed_rows_score_zero_and_the_rest_as_if_never_added(tmp_path):
+    """A delete takes rows out of the statistics (N, df, mean length): the survivors score
+    as a fresh index over them does, bit for bit, and a save keeps the removal."""
+    analysis = LexicalAnalysis(stemmer="none")
+    texts = corpus(400, seed=3)
+    postings = Postings(analysis)
+    postings.add([analysis.terms(t) for t in texts])
+    gone = sorted(random.Random(4).sample(range(400), 90)) + [0, 399]
+    postings.remove(gone[:50])
+    postings.remove(gone[40:])  # again, overlapping: removing a removed row is a no-op
+    keep = [i for i in range(400) if i not in set(gone)]
+    reference = BM25Index.from_texts([texts[i] for i in keep], analysis=analysis)
+    postings.save(tmp_path / "p")
+    for index in (postings, Postings.load(tmp_path / "p")):
+        assert index.n_rows == 400 and index.n_live == len(keep)
+        for q in queries(60):
+            scores = index.scores(q)
+            assert not scores[sorted(set(gone))].any(), q
+            assert np.array_equal(scores[keep], reference.scores(q)), q
+
+
 def _messages(texts: list[str], start: int = 0) -> list[dict]:
     return [
         {

@@ -146,6 +146,24 @@ class Memory:
             self.timestamps.append(m.timestamp)
             self._by_key[m.key] = i
 
+    def remove(self, positions: Sequence[int]) -> None:
+        """Take the messages at ``positions`` out; the later ones move up (O(those))."""
+        gone = sorted({int(p) for p in positions})
+        if not gone:
+            return
+        first, dropped = gone[0], set(gone)
+        for p in gone:
+            del self._by_key[self.messages[p].key]
+        tail = [m for p, m in enumerate(self.messages[first:], first) if p not in dropped]
+        self.messages[first:] = [replace(m, id=i) for i, m in enumerate(tail, first)]
+        self.timestamps[first:] = [m.timestamp for m in tail]
+        self._by_key.update((m.key, m.id) for m in self.messages[first:])
+
+    def put(self, position: int, message: Message) -> None:
+        """``message`` (same key) in place of the one at ``position``; its time must keep the order."""
+        self.messages[position] = replace(message, id=position)
+        self.timestamps[position] = message.timestamp
+
     def __len__(self) -> int:
         return len(self.messages)
 

@@ -62,11 +62,13 @@ class DerivedIndexes:
     def _load_postings(self) -> Postings:
         """The saved postings plus the rows added since they were saved, or all rows analysed."""
         saved = self.files.derived_dir("postings") if self.files else None
-        postings = Postings.load(saved[0]) if saved and saved[1]["messages"] <= len(self.memory) else None
+        postings = Postings.load(saved[0]) if saved and saved[1]["messages"] <= self.n_rows else None
         if postings is None or postings.analysis != self.config.lexical():
             postings = Postings(self.config.lexical())
-        by_row = self.memory_by_row()
-        postings.add(self._terms(by_row[postings.n_rows :]))
+        postings.remove(np.flatnonzero(self.dead[: postings.n_rows]))  # deleted since the save
+        by_row = self.memory_by_row()[postings.n_rows :]
+        terms = iter(self._terms([m for m in by_row if m is not None]))
+        postings.add([None if m is None else next(terms) for m in by_row])
         return postings
 
     def faiss(self) -> FaissRows:
@@ -86,14 +88,11 @@ class DerivedIndexes:
                 self._faiss.add(self.vectors.rows)
             return self._faiss
 
-    def _kept_postings(self, keep: np.ndarray, new: Message | None) -> Postings | None:
-        """The postings of rows ``keep`` renumbered, ``new`` in its key's row: only the new
-        text is analysed again."""
+    def _kept_postings(self, keep: np.ndarray) -> Postings | None:
+        """The postings of rows ``keep``, renumbered in that order (no text analysed again)."""
         if self._postings is None:
             return None
         tokens = [self._postings.tokens[int(r)] for r in keep]
-        if new is not None:
-            tokens[new.id] = self._terms([new])[0]
         postings = Postings(self._postings.analysis)
         postings.add(tokens)
         return postings
@@ -159,9 +158,10 @@ class DerivedIndexes:
             )
             self._saved_graph_rows = self._faiss.graph_rows
         p, saved = self._postings, self._saved_postings
-        if p is not None and p.n_rows > saved and (force or p.n_rows - saved >= max(4 * CHUNK, saved // 10)):
+        grown = p is not None and p.n_rows - saved >= max(4 * CHUNK, saved // 10)
+        if p is not None and (p.n_rows > saved or self._postings_unsaved) and (force or grown):
             self.files.save_derived("postings", p.n_rows, p.save)
-            self._saved_postings = p.n_rows
+            self._saved_postings, self._postings_unsaved = p.n_rows, False
         if force and self._timeline is not None and self._timeline_from is None:
             saved = self.files.derived_dir("timeline")
             if not saved or saved[1]["messages"] != len(self.memory):

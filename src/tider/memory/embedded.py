@@ -18,6 +18,7 @@ position == row and everything only appends; a message older than the newest one
 the positions after it, so the time-ordered views are rebuilt and the timeline re-merges
 from the cluster before it. Equal timestamps keep the order of addition, which is why two
 adds give exactly the same memory, and the same results, as one add of the same messages.
+A delete or an update marks rows dead instead of moving any (``tider.memory.tombstones``).
 
 Search. ``exact=True``, or a memory under ``config.index_min_messages``, scores every
 message as ``tider.retrieval`` always has (bit for bit); otherwise the index-backed path
@@ -177,7 +178,7 @@ class EmbeddedMemory(MemoryBase):
                 wanted = set(keys)
                 gone = [m.key for m in memory.messages if m.key in wanted]
             if gone:
-                self.state.rewrite(set(gone))
+                self.state.delete_rows([self._row_of(key) for key in gone])
                 self._forget_scores()
         return gone
 
@@ -194,7 +195,7 @@ class EmbeddedMemory(MemoryBase):
                 owned = self.state.chunk_rows == row
                 chunks = self.state.chunks.rows.reshape(-1, self.state.dim)[owned]
                 embedded = self.state.vectors.rows[row], (chunks, np.zeros(len(chunks), dtype=np.int64))
-            self.state.rewrite(set(), (new, *embedded))
+            self.state.replace_row(row, new, *embedded)
             self._forget_scores()
             return self.state.memory[self.state.memory.id_of(new.key)]
 

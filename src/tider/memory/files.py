@@ -26,13 +26,18 @@ import fcntl
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 FORMAT_VERSION = 1
 MANIFEST = "tider_memory.json"
+
+
+def _write_lines(path: Path, lines: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
 
 
 class StoreError(RuntimeError):
@@ -118,24 +123,25 @@ class StoreFiles:
             arrays["chunk_vectors"] = np.ascontiguousarray(chunks[0], dtype=np.float32)
             arrays["chunk_rows"] = np.ascontiguousarray(chunks[1], dtype=np.int64)
 
-        def write_lines(tmp: Path) -> None:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
-
         atomic_write(
             self.segments / f"{name}.safetensors",
             lambda tmp: save_file(arrays, str(tmp)),
         )
-        atomic_write(self.segments / f"{name}.jsonl", write_lines)
+        atomic_write(self.segments / f"{name}.jsonl", lambda tmp: _write_lines(tmp, lines))
 
     def read_segment(self, name: str) -> tuple[list[dict], np.ndarray]:
-        lines = [
-            json.loads(line) for line in (self.segments / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
-        ]
+        lines = self.read_lines(name)
         vectors = self.read_vectors(name)["vectors"]
         if len(lines) != len(vectors):
             raise StoreError(f"{self.segments / name}: {len(lines)} messages but {len(vectors)} vectors")
         return lines, vectors
+
+    def read_lines(self, name: str) -> list[dict]:
+        return [json.loads(x) for x in (self.segments / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
+
+    def rewrite_lines(self, name: str, lines: list[dict]) -> None:
+        """Replace a segment's messages file (its vectors stay): how a deleted text leaves it."""
+        atomic_write(self.segments / f"{name}.jsonl", lambda tmp: _write_lines(tmp, lines))
 
     def read_vectors(self, name: str) -> dict[str, np.ndarray]:
         from safetensors.numpy import load_file
@@ -180,9 +186,10 @@ class StoreFiles:
             return None
         return self.index / entry["dir"], entry
 
-    def drop_derived(self) -> None:
-        """Forget every derived index (the messages' rows changed under them)."""
-        write_json(self.index / "derived.json", {})
+    def drop_derived(self, names: Sequence[str] | None = None) -> None:
+        """Forget the derived indexes ``names`` (None: all of them, the rows changed under them)."""
+        kept = {} if names is None else {k: v for k, v in self.derived().items() if k not in names}
+        write_json(self.index / "derived.json", kept)
         self.remove_stale_derived()
 
     def remove_stale_derived(self) -> None:

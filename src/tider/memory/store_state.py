@@ -18,6 +18,7 @@ from tider.memory.built import REINDEX_HINT, built_with, check_build, check_embe
 from tider.memory.derived import DerivedIndexes
 from tider.memory.files import StoreError, StoreFiles
 from tider.memory.records import message_from_json, message_to_json
+from tider.memory.tombstones import DEAD, Tombstones
 from tider.retrieval.channels import to_days
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.postings import Postings
@@ -52,7 +53,7 @@ class VectorBuffer:
         return self._buf[: self.n] if self._buf is not None else np.zeros((0, 0), dtype=np.float32)
 
 
-class MemoryState(DerivedIndexes):
+class MemoryState(DerivedIndexes, Tombstones):
     def __init__(self, path, config: RetrievalConfig | None, embedder, name: str | None, granularity: str):
         self.files = StoreFiles(path) if path is not None else None
         manifest = self.files.read_manifest() if self.files else None
@@ -89,6 +90,8 @@ class MemoryState(DerivedIndexes):
     def _empty_views(self, granularity: str) -> None:
         self.memory = Memory(self.name, [], granularity)  # time order, Message.id = position
         self.row_of_pos = np.zeros(0, dtype=np.int64)
+        self.seq = np.zeros(0, dtype=np.int64)  # per row: its place among equal times (its row, or the updated one's)
+        self.dead = np.zeros(0, dtype=bool)  # per row: deleted, or replaced by an update (tider.memory.tombstones)
         self.vectors = VectorBuffer()
         # the extra chunks of long messages (tider.retrieval.embed), in row order, and the
         # row each belongs to
@@ -97,6 +100,7 @@ class MemoryState(DerivedIndexes):
         self._bm25 = self._ts = self._by_pos = self._faiss = self._timeline = self._pos_of_row = None
         self._postings: Postings | None = None  # by row; grows with each add (``bm25``)
         self._saved_postings = 0  # rows the saved postings cover
+        self._postings_unsaved = False  # a change dropped the saved copy: save at the next flush
         self._in_order = True  # row == position for every message
         self._timeline_from: int | None = None  # first position the timeline has not merged yet
         self._saved_graph_rows = 0
@@ -105,18 +109,29 @@ class MemoryState(DerivedIndexes):
     def _load(self) -> None:
         self.files.remove_unlisted({s["name"] for s in self.manifest["segments"]})
         self.files.remove_stale_derived()
-        messages: list[Message] = []
+        dead = set(self.manifest.get("dead", []))
+        by_row: list[Message | None] = []
+        seqs: list[int] = []
         for seg in self.manifest["segments"]:
             lines, vecs = self.files.read_segment(seg["name"])
-            self._append_chunks(*self.files.read_chunks(seg["name"], vecs.shape[1]), first_row=len(messages))
-            messages += [message_from_json(line, len(messages) + i) for i, line in enumerate(lines)]
+            self._append_chunks(*self.files.read_chunks(seg["name"], vecs.shape[1]), first_row=len(by_row))
+            for line in lines:
+                row = len(by_row)
+                alive = row not in dead and line != DEAD
+                by_row.append(message_from_json(line, row) if alive else None)
+                seqs.append(int(line.get("seq", row)))
             self.vectors.append(vecs)
         self.dim = self.manifest["embedding"].get("dim")
-        self._place(messages, first_row=0)
+        self._grow_rows(seqs)
+        self.dead[[r for r, m in enumerate(by_row) if m is None]] = True
+        self._in_order = not self.dead.any()
+        self._place([m for m in by_row if m is not None], first_row=0)
         entry = self.files.derived_dir("faiss")
         self._saved_graph_rows = int(entry[1].get("graph_rows", 0)) if entry else 0
         entry = self.files.derived_dir("postings")
         self._saved_postings = int(entry[1]["messages"]) if entry else 0
+        if dead:  # a change committed, its lines perhaps not yet scrubbed (a crash in between)
+            self._scrub(sorted(dead))
 
     def fresh(self, records: Sequence[Message]) -> list[int]:
         """Indices of the ``records`` whose key this memory does not hold (first of a repeat)."""
@@ -151,13 +166,14 @@ class MemoryState(DerivedIndexes):
             )
         owned = np.isin(chunks[1], picks)
         chunks = (chunks[0][owned], np.searchsorted(picks, chunks[1][owned]))
-        first_row = len(self.memory)
+        first_row = self.n_rows
         fresh = [replace(m, id=first_row + i) for i, m in enumerate(fresh)]
         if self.files is not None:
             self._commit(fresh, vecs, chunks)
         self.dim = vecs.shape[1]
         self.vectors.append(vecs)
         self._append_chunks(*chunks, first_row=first_row)
+        self._grow_rows(np.arange(first_row, first_row + len(fresh)))
         self._place(fresh, first_row)
         if self._postings is not None:
             self._postings.add(self._terms(fresh))
@@ -204,7 +220,7 @@ class MemoryState(DerivedIndexes):
             lines += self.files.read_segment(seg["name"])[0]
         vectors = np.concatenate([self.vectors.rows, newest])
         chunk_vectors = np.concatenate([self.chunks.rows.reshape(-1, newest.shape[1]), newest_chunks[0]])
-        chunk_rows = np.concatenate([self.chunk_rows, len(self.memory) + newest_chunks[1]])
+        chunk_rows = np.concatenate([self.chunk_rows, self.n_rows + newest_chunks[1]])
         self._write_as_one_segment(lines, vectors, (chunk_vectors, chunk_rows), rows_kept=True)
 
     def _write_as_one_segment(self, lines: list[dict], vectors, chunks, rows_kept: bool) -> None:
@@ -218,45 +234,15 @@ class MemoryState(DerivedIndexes):
         if not rows_kept:
             self.files.drop_derived()
         segments = [{"name": name, "messages": len(lines)}] if lines else []
-        self.manifest = {**m, "segments": segments, "next_segment": m["next_segment"] + 1, "messages": len(lines)}
+        self.manifest = {**m, "segments": segments, "next_segment": m["next_segment"] + 1}
+        if not rows_kept:  # a compaction: every row written is alive
+            self.manifest.update(messages=len(lines), dead=[])
         self.files.commit(self.manifest)
         self.files.remove_unlisted({s["name"] for s in segments})
 
-    # -- deletes and replacements: the store rewritten ---------------------------------------
-    def rewrite(self, drop: set[str], new: tuple[Message, np.ndarray, tuple] | None = None) -> None:
-        """Remove the messages keyed ``drop`` and put ``new`` (a message, its vector, its
-        chunks' vectors and rows) in the row of the message with its key. The files are
-        rewritten as one segment, so a removed text has left the disk when this returns;
-        the derived indexes are rebuilt on their next use. O(memory): deletes are rare."""
-        by_row = self.memory_by_row()
-        keep = np.array([r for r, m in enumerate(by_row) if m.key not in drop], dtype=np.int64)
-        dim = self.dim or 0
-        vectors = self.vectors.rows[keep] if len(keep) else np.zeros((0, dim), dtype=np.float32)
-        messages = [replace(by_row[r], id=i) for i, r in enumerate(keep)]
-        chunk_vectors = self.chunks.rows.reshape(-1, dim)
-        owned = np.isin(self.chunk_rows, keep)
-        chunk_vectors, chunk_rows = chunk_vectors[owned], np.searchsorted(keep, self.chunk_rows[owned])
-        if new is not None:
-            message, vector, (new_chunks, _) = new
-            row = next(i for i, m in enumerate(messages) if m.key == message.key)
-            messages[row], vectors[row] = replace(message, id=row), vector
-            chunk_vectors = np.concatenate([chunk_vectors[chunk_rows != row], new_chunks])
-            chunk_rows = np.concatenate([chunk_rows[chunk_rows != row], np.full(len(new_chunks), row)])
-            order = np.argsort(chunk_rows, kind="stable")
-            chunk_vectors, chunk_rows = chunk_vectors[order], chunk_rows[order]
-        postings = self._kept_postings(keep, None if new is None else messages[row])
-        if self.files is not None:
-            lines = [message_to_json(m) for m in messages]
-            self._write_as_one_segment(lines, vectors, (chunk_vectors, chunk_rows), rows_kept=False)
-        self._empty_views(self.memory.granularity)
-        self.vectors.append(vectors)
-        self._append_chunks(chunk_vectors, chunk_rows, first_row=0)
-        self._place(messages, first_row=0)
-        self._postings = postings
-
     def memory_by_row(self) -> list[Message]:
-        """The messages in the order they were added (``id`` their position)."""
-        by_row: list = [None] * len(self.memory)
+        """The live messages by row (``id`` their position; a dead row None)."""
+        by_row: list = [None] * self.n_rows
         for p, m in enumerate(self.memory.messages):
             by_row[int(self.row_of_pos[p])] = m
         return by_row
@@ -267,17 +253,25 @@ class MemoryState(DerivedIndexes):
         return vector, self._embed_chunks([message], vector.shape[0])
 
     def _place(self, fresh: list[Message], first_row: int) -> None:
-        """Put rows ``first_row ..`` (``fresh``, ids = rows) into the time-ordered views."""
+        """Put rows ``first_row ..`` (``fresh``, ids = rows, their ``seq`` set) into the
+        time-ordered views: by time, then ``seq`` (the order of addition)."""
         old_n = len(self.memory)
-        if not old_n or fresh and min(m.timestamp for m in fresh) >= self.memory.timestamps[-1]:
-            order = sorted(range(len(fresh)), key=lambda i: (fresh[i].timestamp, fresh[i].id))
-            self.memory.append(fresh)
-            self.row_of_pos = np.concatenate([self.row_of_pos, np.array([fresh[i].id for i in order], dtype=np.int64)])
+        seq = self.seq.tolist()
+        ordered = sorted(fresh, key=lambda m: (m.timestamp, seq[m.id]))
+        last = (self.memory.timestamps[-1], seq[self.row_of_pos[-1]]) if old_n else None
+        if last is None or not ordered or (ordered[0].timestamp, seq[ordered[0].id]) > last:
+            rows = np.array([m.id for m in ordered], dtype=np.int64)
+            self.memory.append([replace(m, id=i) for i, m in enumerate(ordered)])  # ids keep this order
+            self.row_of_pos = np.concatenate([self.row_of_pos, rows])
             first_changed = old_n
         else:
-            by_row = self.memory_by_row() + list(fresh)
-            order = sorted(range(len(by_row)), key=lambda r: (by_row[r].timestamp, r))
-            self.memory = Memory(self.name, [replace(by_row[r], id=r) for r in order], self.memory.granularity)
+            by_row = self.memory_by_row()
+            for m in fresh:
+                by_row[m.id] = m
+            live = [r for r, m in enumerate(by_row) if m is not None]
+            order = sorted(live, key=lambda r: (by_row[r].timestamp, seq[r]))
+            messages = [replace(by_row[r], id=i) for i, r in enumerate(order)]
+            self.memory = Memory(self.name, messages, self.memory.granularity)
             new_rows = np.array([m.id for m in fresh], dtype=np.int64)
             self.row_of_pos = np.array(order, dtype=np.int64)
             first_changed = int(np.flatnonzero(np.isin(self.row_of_pos, new_rows))[0])
@@ -313,11 +307,10 @@ class MemoryState(DerivedIndexes):
         return self._by_pos
 
     def positions_of_rows(self) -> np.ndarray:
-        """The time-order position of every row."""
-        n = len(self.memory)
-        if self._pos_of_row is None or len(self._pos_of_row) != n:
-            self._pos_of_row = np.empty(n, dtype=np.int64)
-            self._pos_of_row[self.row_of_pos] = np.arange(n)
+        """The time-order position of every row (-1: a dead row)."""
+        if self._pos_of_row is None or len(self._pos_of_row) != self.n_rows:
+            self._pos_of_row = np.full(self.n_rows, -1, dtype=np.int64)
+            self._pos_of_row[self.row_of_pos] = np.arange(len(self.row_of_pos))
         return self._pos_of_row
 
     def dense_scores(self, vector: np.ndarray) -> np.ndarray:
@@ -325,7 +318,9 @@ class MemoryState(DerivedIndexes):
         vector, or of its best chunk where that is higher."""
         scores = self.vectors_by_position() @ vector
         if self.chunks.n:
-            np.maximum.at(scores, self.positions_of_rows()[self.chunk_rows], self.chunks.rows @ vector)
+            pos = self.positions_of_rows()[self.chunk_rows]
+            live = pos >= 0
+            np.maximum.at(scores, pos[live], (self.chunks.rows @ vector)[live])
         return scores
 
     def chunk_search(self, vector: np.ndarray, cut: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
@@ -335,7 +330,7 @@ class MemoryState(DerivedIndexes):
         if not self.chunks.n:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
         pos = self.positions_of_rows()[self.chunk_rows]
-        past = pos < cut
+        past = (pos >= 0) & (pos < cut)
         best = np.full(cut, -np.inf, dtype=np.float32)
         np.maximum.at(best, pos[past], (self.chunks.rows @ vector)[past])  # the floats dense_scores has
         owners = np.flatnonzero(np.isfinite(best))
@@ -355,12 +350,12 @@ class MemoryState(DerivedIndexes):
     def dense_search(self, vector: np.ndarray, cut: int) -> tuple[np.ndarray, np.ndarray]:
         """faiss top-``index_depth`` among positions ``< cut``, as ``(positions, scores)``."""
         index, n = self.faiss(), len(self.memory)
-        if cut >= n:
+        if cut >= n and n == self.n_rows:
             past = None
         elif self._in_order:
             past = cut
-        else:
-            past = np.zeros(n, dtype=bool)
+        else:  # rows out of time order, or dead ones: a mask of the live past rows
+            past = np.zeros(self.n_rows, dtype=bool)
             past[self.row_of_pos[:cut]] = True
         rows, scores = index.search(vector, self.config.index_depth, past, self.config.hnsw_ef_search)
         pos = rows if self._in_order else self.positions_of_rows()[rows]

@@ -15,12 +15,15 @@ message exactly as ``BM25Index`` over the same messages would (``tests/test_post
 and as the PostgreSQL backend's postings do (``tider.memory.pg.lexical``). An empty
 message counts one placeholder term, as bm25s indexes it.
 
-Rows are numbered in the order they were added; ``tokens`` keeps each row's terms, so a
-delete re-counts what it keeps without analysing a text again.
+Rows are numbered in the order they were added and never move; ``tokens`` keeps each
+row's terms. ``remove`` takes rows out (their postings, document frequencies, lengths:
+the statistics are then those of the rows that remain, as if they had never been added);
+a removed row keeps its number and scores 0.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections import Counter
@@ -39,30 +42,51 @@ class Postings:
 
     def __init__(self, analysis: LexicalAnalysis):
         self.analysis = analysis
-        self.tokens: list[list[str]] = []  # per row: what a save writes and a delete re-counts
+        self.tokens: list[list[str] | None] = []  # per row (None: removed): what a save writes
         self._rows: dict[str, list[int]] = {}
         self._tfs: dict[str, list[int]] = {}
         self._arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per term, dropped when it grows
         self._lengths = np.zeros(1024, dtype=np.int64)
-        self.n_rows = 0
+        self.n_rows = 0  # rows ever added, removed ones included
+        self.n_live = 0  # the N of the statistics
         self.total_length = 0
 
-    def add(self, token_lists: Sequence[Sequence[str]]) -> None:
-        """Append one row per token list."""
+    def add(self, token_lists: Sequence[Sequence[str] | None]) -> None:
+        """Append one row per token list (None: a removed row, which holds a number only)."""
         need = self.n_rows + len(token_lists)
         if need > len(self._lengths):
             size = max(need, 2 * len(self._lengths))
             self._lengths = np.concatenate([self._lengths, np.zeros(size - len(self._lengths), np.int64)])
         for terms in token_lists:
             row = self.n_rows
-            self.tokens.append(list(terms))
+            self.n_rows += 1
+            self.tokens.append(None if terms is None else list(terms))
+            if terms is None:
+                continue
             for term, tf in Counter(terms).items():
                 self._rows.setdefault(term, []).append(row)
                 self._tfs.setdefault(term, []).append(tf)
                 self._arrays.pop(term, None)
             self._lengths[row] = max(len(terms), 1)
             self.total_length += max(len(terms), 1)
-            self.n_rows += 1
+            self.n_live += 1
+
+    def remove(self, rows: Sequence[int]) -> None:
+        """Take rows out: O(the postings of their terms)."""
+        for row in sorted({int(r) for r in rows}):
+            terms = self.tokens[row]
+            if terms is None:
+                continue
+            for term in Counter(terms):
+                at = bisect.bisect_left(self._rows[term], row)  # rows are appended in order
+                del self._rows[term][at], self._tfs[term][at]
+                self._arrays.pop(term, None)
+                if not self._rows[term]:
+                    del self._rows[term], self._tfs[term]
+            self.total_length -= int(self._lengths[row])
+            self._lengths[row] = 0
+            self.tokens[row] = None
+            self.n_live -= 1
 
     def _postings(self, term: str) -> tuple[np.ndarray, np.ndarray]:
         if term not in self._arrays:
@@ -74,7 +98,7 @@ class Postings:
         """Every row's BM25 score; a string query goes through the analysis."""
         tokens = self.analysis.terms(query) if isinstance(query, str) else list(query)
         out = np.zeros(self.n_rows, dtype=np.float32)
-        n = self.n_rows
+        n = self.n_live
         if not n:
             return out
         avgdl = self.total_length / n

@@ -11,11 +11,13 @@ every process, and a reader sees all of it or none:
    (a term no message holds any more leaves ``tider_terms``), the corpus statistics
    (message count, summed document lengths, newest time) set to what remains; an updated
    message's postings, length and chunks are written anew;
-2. positions are renumbered from the first changed one on ((timestamp, seq) order, dense);
-   the postings' copies follow;
+2. positions are renumbered over the range that changed ((timestamp, seq) order, dense):
+   from the first deleted one to the end; for an update, between its old and new places
+   (none when its time keeps its place); the postings' copies of the moved positions follow;
 3. the timeline re-merges from the cluster holding the position before the first changed
    one (the greedy merge is left to right and restarts at every cluster it opens, so the
-   clusters before are what a memory built from the survivors has);
+   clusters before are what a memory built from the survivors has), up to where it opens
+   a cluster an old one opened past the change (after an update that moved nothing);
 4. ``version`` is bumped and ``rewritten`` set to it: a process's read-through copy
    (``tider.memory.pg.views``) built before is read again, not extended.
 
@@ -31,14 +33,12 @@ bytes may stay in the files until overwritten; ``VACUUM FULL tider_messages,
 tider_postings, tider_chunks`` rewrites the tables into new files and deletes the old).
 Write-ahead log segments (until recycled) and backups keep what they recorded.
 
-Cost: positions are dense and every posting carries its message's, so a change rewrites
-the message rows and postings from the first changed position on, and the timeline
-re-merges from the cluster before it: deleting the newest message is cheap, the oldest
-costs about as much as the memory. Measured (10k messages of 16-d vectors, ~8 postings
-each, a local server, 2 shared cores): one delete of the newest 0.1 s, of the middle one
-0.75 s, of the oldest 1.3-1.4 s (renumbering 0.9 s, timeline 0.3 s); 100 keys spread
-over the memory 1.3 s; a day's delete_all mid-memory 0.5 s. Many deletes cost about one
-when given together (one renumbering from the first).
+Cost: positions are dense and every posting carries its message's, so a delete rewrites
+the message rows and postings from the first deleted position on (their postings found
+by (term, seq), the postings' key, when fewer than ``REANALYSE_UNDER`` moved), and the
+timeline re-merges from the cluster before it: deleting the newest message is cheap, the
+oldest costs about as much as the memory. An update whose time keeps its place rewrites
+its own rows only. Measured: ``bench/bench_backends.py --changes`` (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -50,12 +50,14 @@ import numpy as np
 from psycopg.types.json import Jsonb
 
 from tider.memory.files import StoreError
-from tider.memory.pg.write import Fresh, _insert_chunks, _insert_postings, as_array
+from tider.memory.pg.write import Fresh, _insert_chunks, _insert_postings, as_array, bm25_terms
 from tider.memory.records import MessageNotFound
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Message
 
 STORED = "seq, pos, key, ts, text, speaker, session, channel, topic, phase, stage, role, metadata, doc_length"
+MOVED = ", ".join(f"m.{c}" for c in STORED.split(", "))
+REANALYSE_UNDER = 2000  # moved messages whose postings are found by (term, seq); more: one scan
 
 
 def _stored_message(row) -> tuple[int, int, int, Message]:
@@ -95,23 +97,22 @@ def commit_delete(
             params.append(end)
     with conn.transaction():
         _lock(conn, memory_id)
-        gone = conn.execute(
-            f"DELETE FROM tider_messages WHERE {' AND '.join(where)} RETURNING pos, key, seq, doc_length", params
-        ).fetchall()
+        rows = conn.execute(f"DELETE FROM tider_messages WHERE {' AND '.join(where)} RETURNING {STORED}", params)
+        gone = sorted((_stored_message(r) for r in rows.fetchall()), key=lambda g: g[1])  # time order
         if not gone:
             return []
-        gone.sort()
-        _drop_postings(conn, memory_id, [r[2] for r in gone])
-        first = int(gone[0][0])
-        renumber_from(conn, memory_id, first)
+        seqs, messages = [g[0] for g in gone], [g[3] for g in gone]
+        _drop_postings(conn, memory_id, seqs, bm25_terms(messages, config))
+        first = int(gone[0][1])
+        renumber(conn, memory_id, first, config)
         conn.execute(
             "UPDATE tider_memories SET n_messages = n_messages - %s, total_length = total_length - %s, "
             "max_ts = (SELECT max(ts) FROM tider_messages WHERE memory_id = %s), version = version + 1, "
             "rewritten = version + 1 WHERE id = %s",
-            (len(gone), sum(int(r[3]) for r in gone), memory_id, memory_id),
+            (len(gone), sum(int(g[2]) for g in gone), memory_id, memory_id),
         )
         rebuild_timeline(conn, memory_id, first, config)
-        return [r[1] for r in gone]
+        return [m.key for m in messages]
 
 
 def stored(conn, memory_id: int, key: str) -> Message | None:
@@ -162,7 +163,7 @@ def commit_replace(
         seq, old_pos, old_length, current = _stored_message(row)
         if not unchanged(current):
             return None
-        _drop_postings(conn, memory_id, [seq])
+        _drop_postings(conn, memory_id, [seq], bm25_terms([current], config))
         fresh = Fresh([new], np.zeros((1, 0), np.float32), [terms])
         length = fresh.doc_lengths()[0]
         _rewrite_row(conn, memory_id, seq, new, length, None if embedded is None else embedded[0])
@@ -176,8 +177,9 @@ def commit_replace(
             "SELECT count(*) FROM tider_messages WHERE memory_id = %s AND (ts, seq) < (%s, %s) AND seq <> %s",
             (memory_id, new.timestamp, seq, seq),
         ).fetchone()[0]
-        first = min(int(old_pos), int(new_pos))
-        renumber_from(conn, memory_id, first)
+        first, last = min(int(old_pos), int(new_pos)), max(int(old_pos), int(new_pos))
+        if first != last:  # it moved: the positions between follow; the others stay
+            renumber(conn, memory_id, first, config, last)
         _insert_postings(conn, memory_id, fresh, {new.key: (seq, int(new_pos))})
         conn.execute(
             "UPDATE tider_memories SET total_length = total_length + %s, "
@@ -185,44 +187,78 @@ def commit_replace(
             "rewritten = version + 1 WHERE id = %s",
             (length - int(old_length), memory_id, memory_id),
         )
-        rebuild_timeline(conn, memory_id, first, config)
+        rebuild_timeline(conn, memory_id, first, config, unchanged_from=last + 1)
         return stored(conn, memory_id, new.key)
 
 
-def _drop_postings(conn, memory_id: int, seqs: list[int]) -> None:
-    """Delete the postings of messages ``seqs``; their terms' document frequencies down by
-    as many, a term left in no message gone."""
-    emptied = conn.execute(
-        "WITH gone AS (DELETE FROM tider_postings WHERE memory_id = %(m)s AND seq = ANY(%(seqs)s) RETURNING term), "
-        "counted AS (SELECT term, count(*) AS d FROM gone GROUP BY term) "
-        "UPDATE tider_terms t SET df = t.df - c.d FROM counted c WHERE t.memory_id = %(m)s AND t.term = c.term "
-        "RETURNING t.term, t.df",
-        {"m": memory_id, "seqs": seqs},
-    ).fetchall()
-    zero = [term for term, df in emptied if df <= 0]
+def _drop_postings(conn, memory_id: int, seqs: list[int], terms: list[list[str]]) -> None:
+    """Delete the postings of messages ``seqs`` (whose BM25 terms are ``terms``); their
+    terms' document frequencies down by as many, a term left in no message gone. Found by
+    (term, seq), the postings' key; a scan of the memory's postings only if some were
+    missed (terms analysed differently when they were written)."""
+    params = {"m": memory_id, "seqs": seqs, "terms": sorted({t for ts in terms for t in ts})}
+    gone = "DELETE FROM tider_postings WHERE memory_id = %(m)s AND term = ANY(%(terms)s) AND seq = ANY(%(seqs)s)"
+    emptied = _count_down(conn, gone, params)
+    if sum(df for _, df in emptied.values()) != sum(len(set(ts)) for ts in terms):
+        scan = "DELETE FROM tider_postings WHERE memory_id = %(m)s AND seq = ANY(%(seqs)s)"
+        emptied.update(_count_down(conn, scan, params))
+    zero = [term for term, (df, _) in emptied.items() if df <= 0]
     if zero:
         conn.execute("DELETE FROM tider_terms WHERE memory_id = %s AND term = ANY(%s)", (memory_id, zero))
 
 
-def renumber_from(conn, memory_id: int, first: int) -> None:
-    """Positions ``first ..``: the messages stored there (by their old positions), dense,
-    in (timestamp, seq) order; then their postings' copies."""
-    conn.execute(
+def _count_down(conn, delete: str, params: dict) -> dict[str, tuple[int, int]]:
+    """Run ``delete`` (postings, returning their terms); each term's df down by its count:
+    ``{term: (df now, postings deleted)}``."""
+    rows = conn.execute(
+        f"WITH gone AS ({delete} RETURNING term), counted AS (SELECT term, count(*) AS d FROM gone GROUP BY term) "
+        "UPDATE tider_terms t SET df = t.df - c.d FROM counted c WHERE t.memory_id = %(m)s AND t.term = c.term "
+        "RETURNING t.term, t.df, c.d",
+        params,
+    ).fetchall()
+    return {term: (int(df), int(d)) for term, df, d in rows}
+
+
+def renumber(conn, memory_id: int, first: int, config: RetrievalConfig, last: int | None = None) -> None:
+    """Positions ``first .. last`` (None: to the end): the messages stored there, dense, in
+    (timestamp, seq) order; then the postings' copies of the positions that moved, found
+    by (term, seq) (their terms analysed again) when few moved, else by a scan."""
+    upto, params = ("", ()) if last is None else (" AND pos <= %s", (last,))
+    moved = conn.execute(
         "UPDATE tider_messages m SET pos = r.p FROM (SELECT seq, %s + row_number() OVER (ORDER BY ts, seq) - 1 AS p "
-        "FROM tider_messages WHERE memory_id = %s AND pos >= %s) r "
-        "WHERE m.memory_id = %s AND m.seq = r.seq AND m.pos <> r.p",
-        (first, memory_id, first, memory_id),
-    )
+        f"FROM tider_messages WHERE memory_id = %s AND pos >= %s{upto}) r "
+        f"WHERE m.memory_id = %s AND m.seq = r.seq AND m.pos <> r.p RETURNING {MOVED}",
+        (first, memory_id, first, *params, memory_id),
+    ).fetchall()
+    if not moved:
+        return
+    if len(moved) <= REANALYSE_UNDER:
+        messages = [_stored_message(r) for r in moved]
+        terms = bm25_terms([m[3] for m in messages], config)
+        rows = [(t, seq, pos) for (seq, pos, _, _), ts in zip(messages, terms) for t in sorted(set(ts))]
+        if rows:
+            done = conn.execute(
+                "UPDATE tider_postings p SET pos = u.pos FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) "
+                "AS u(term, seq, pos) WHERE p.memory_id = %s AND p.term = u.term AND p.seq = u.seq",
+                ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], memory_id),
+            ).rowcount
+            if done == len(rows):
+                return
     conn.execute(
         "UPDATE tider_postings p SET pos = m.pos FROM tider_messages m WHERE p.memory_id = %s AND m.memory_id = %s "
-        "AND m.pos >= %s AND p.seq = m.seq AND p.pos <> m.pos",
-        (memory_id, memory_id, first),
+        "AND m.seq = ANY(%s) AND p.seq = m.seq AND p.pos <> m.pos",
+        (memory_id, memory_id, [r[0] for r in moved]),
     )
 
 
-def rebuild_timeline(conn, memory_id: int, first_changed: int, config: RetrievalConfig) -> None:
+def rebuild_timeline(
+    conn, memory_id: int, first_changed: int, config: RetrievalConfig, unchanged_from: int | None = None
+) -> None:
     """Re-merge the timeline from the cluster holding position ``first_changed - 1`` (all
-    of it from 0), every vector read from the table."""
+    of it from 0), every vector read from the table. ``unchanged_from``: the messages from
+    that position on are as they were, at the same positions; the greedy merge starts
+    afresh at each cluster it opens, so once it opens one where an old cluster started
+    (at or past ``unchanged_from``) the rest is the old timeline: it stops there."""
     from tider.retrieval.timeline import centroids, cluster_messages
 
     start = 0
@@ -233,19 +269,41 @@ def rebuild_timeline(conn, memory_id: int, first_changed: int, config: Retrieval
             (memory_id, first_changed - 1),
         ).fetchone()
         start = int(row[0]) if row else 0
-    conn.execute("DELETE FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s", (memory_id, start))
+    stop, old_starts = None, set()
+    if unchanged_from is not None:  # read up to the 8th old start past the change, at most
+        old_starts = {
+            int(r[0])
+            for r in conn.execute(
+                "SELECT start_pos FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s "
+                "ORDER BY start_pos LIMIT 8",
+                (memory_id, unchanged_from),
+            ).fetchall()
+        }
+        stop = max(old_starts) if len(old_starts) == 8 else None
+    upto = "" if stop is None else f" AND pos < {int(stop)}"
     rows = (
         conn.cursor(binary=True)
         .execute(
-            "SELECT ts, embedding FROM tider_messages WHERE memory_id = %s AND pos >= %s ORDER BY pos",
+            f"SELECT ts, embedding FROM tider_messages WHERE memory_id = %s AND pos >= %s{upto} ORDER BY pos",
             (memory_id, start),
         )
         .fetchall()
     )
-    if not rows:
+    vectors = np.stack([as_array(r[1]) for r in rows]).astype(np.float32) if rows else None
+    clusters = cluster_messages([r[0] for r in rows], vectors, config.timeline) if rows else []
+    realigned = next((j for j, c in enumerate(clusters) if start + c[0] in old_starts), None)
+    if realigned is None and stop is not None:  # no realignment in reach: all of it
+        return rebuild_timeline(conn, memory_id, first_changed, config)
+    if realigned is not None:
+        clusters, end = clusters[:realigned], start + clusters[realigned][0]
+        conn.execute(
+            "DELETE FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s AND start_pos < %s",
+            (memory_id, start, end),
+        )
+    else:
+        conn.execute("DELETE FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s", (memory_id, start))
+    if not clusters:
         return
-    vectors = np.stack([as_array(r[1]) for r in rows]).astype(np.float32)
-    clusters = cluster_messages([r[0] for r in rows], vectors, config.timeline)
     with conn.cursor().copy("COPY tider_timeline (memory_id, start_pos, centroid) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types(["int8", "int8", "vector"])
         for c, centre in zip(clusters, centroids(vectors, clusters)):
