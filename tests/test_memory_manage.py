@@ -274,3 +274,15 @@ def test_metadata_is_stored_returned_and_updated(backend, embedder, tmp_path, re
     again = TemporalMemory(where, name="meta", embedder=embedder)
     assert dict(again.get("a").metadata) == {"ticket": 8, "team": "billing"}
     again.close()
+
+
+def test_a_text_with_a_unicode_line_separator_opens_again(tmp_path):
+    """JSON leaves U+2028 and U+2029 unescaped (``ensure_ascii=False``); the segment reader
+    once split lines at them as well, and the store holding one no longer opened."""
+    msgs, vecs = records(4)
+    msgs[1]["text"] = "line one\u2028line two\u2029line three"
+    with TemporalMemory(tmp_path / "m", embedder=NoEmbedder()) as mem:
+        mem.add(msgs, vectors=vecs)
+        mem.delete(["m2"])  # the scrub rewrites the same file
+    with TemporalMemory(tmp_path / "m", embedder=NoEmbedder()) as mem:
+        assert len(mem) == 3 and mem.get("m1").text == msgs[1]["text"]

@@ -19,7 +19,8 @@ KEYS = {
         {"key": OTHER, "read": ["bob.*"], "write": ["bob.*"]},
     ]
 }
-NAME = "alice.chat"
+# a scope of parts, as mem0 users name them (user / agent / session), 200 characters at most
+NAME = "alice.chat/agent:support/session:9f1c2e4a-7b3d-4c1e-9a2f-0d5e6b7c8a9f"
 ROUTE_WORDS = ["search", "delete", "messages", "m1"]
 # What each route does to the memory it names; a route missing here fails the test.
 ACCESS = {
@@ -109,3 +110,27 @@ def test_each_key_gets_what_the_route_declares(client, route):
                 assert r.status_code in (200, 404), where
             if not allowed or access == "read":
                 assert snapshot(client) == before, f"{where}: the memory changed"
+
+
+def test_names_in_parts_are_scopes_that_a_pattern_reads_together(client):
+    """mem0-style scopes (user / agent / session) as "/"-separated names: each its own
+    memory (a folder per memory, "/" as "+"), read together by a pattern inside the key's
+    grant; a part that is a route word, or a character outside the name's, is a 422."""
+    names = [f"alice.user/agent:{a}/session:{s}" for a, s in (("support", "1"), ("support", "2"), ("sales", "1"))]
+    for i, name in enumerate(names):
+        note = {"key": "m", "text": f"Note {i}: the offsite moved", "timestamp": f"2024-03-0{i + 1}T10:00:00"}
+        r = client.post(f"/memories/{name}/messages", json={"messages": [note]}, headers=auth(WRITER))
+        assert r.status_code == 200, r.text
+    assert set(names) <= set(client.get("/memories", headers=auth(READER)).json()["memories"])
+    ask = {"memories": ["alice.user/agent:support/*"], "text": "the offsite", "k": 5}
+    r = client.post("/search", json=ask, headers=auth(READER))
+    assert r.status_code == 200 and sorted(h["memory"] for h in r.json()["hits"]) == names[:2], r.text
+    assert client.get(f"/memories/{names[0]}/messages/m", headers=auth(READER)).json()["text"].startswith("Note 0")
+    assert client.post(f"/memories/{names[2]}/search", json=ask, headers=auth(OTHER)).status_code == 403
+    assert client.delete(f"/memories/{names[0]}", headers=auth(WRITER)).json()["deleted"] == ["m"]
+    assert client.get(f"/memories/{names[0]}/messages", headers=auth(READER)).json()["messages"] == []
+    assert client.get(f"/memories/{names[1]}/messages/m", headers=auth(READER)).status_code == 200
+    bad = {"memories": ["alice.user/messages"], "text": "the offsite"}
+    assert client.post("/search", json=bad, headers=auth(READER)).status_code == 422
+    note = {"messages": [{"key": "m", "text": "x", "timestamp": "2024-03-01T10:00:00"}]}
+    assert client.post("/memories/alice.user/bad part!/messages", json=note, headers=auth(WRITER)).status_code == 422

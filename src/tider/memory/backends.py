@@ -2,7 +2,7 @@
 
 ``open_backend(store)`` takes what ``--store`` / ``TIDER_STORE`` say: a PostgreSQL URL
 (``postgresql://...``: every memory in that database, shared by every process that opens
-it) or a directory (one embedded store per memory, ``DIR/<name>``, one process at a
+it) or a directory (one embedded store per memory, ``DIR/<name>``, "/" as "+", one process at a
 time). The HTTP service, ``tider memory import`` and the evaluation harness open memories
 through this, so they run on either.
 """
@@ -35,41 +35,46 @@ class DirectoryBackend:
     def describe(self) -> str:
         return str(self.root)
 
+    def folder(self, name: str) -> Path:
+        """``root/NAME``, a "/" in the name a "+" (a character names never hold): one folder
+        per memory, never one inside another's."""
+        return self.root / name.replace("/", "+")
+
     def open(self, name: str, **kwargs) -> MemoryBase:
-        return EmbeddedMemory(self.root / name, name=name, **kwargs)
+        return EmbeddedMemory(self.folder(name), name=name, **kwargs)
 
     def exists(self, name: str) -> bool:
-        return (self.root / name / "tider_memory.json").exists()
+        return (self.folder(name) / "tider_memory.json").exists()
 
     def names(self) -> list[str]:
-        return sorted(p.name for p in self.root.iterdir() if (p / "tider_memory.json").exists())
+        return sorted(p.name.replace("+", "/") for p in self.root.iterdir() if (p / "tider_memory.json").exists())
 
     def reachable(self) -> bool:
         return self.root.is_dir()
 
     def drop(self, name: str) -> None:
         """Delete memory ``name`` (none there: nothing to do)."""
-        shutil.rmtree(self.root / name, ignore_errors=True)
+        shutil.rmtree(self.folder(name), ignore_errors=True)
 
     def swap(self, new: str, name: str) -> None:
         """Memory ``new`` becomes ``name``, replacing it (``tider.memory.reindex``). The old
         one is set aside, not deleted, until the new one is in its place."""
         from tider.memory.files import StoreFiles
 
-        old_manifest = StoreFiles(self.root / name)  # the locks: nobody has either open
+        old_manifest = StoreFiles(self.folder(name))  # the locks: nobody has either open
         try:
             kept = (old_manifest.read_manifest() or {}).get("name", name)  # the memory keeps its name
         finally:
             old_manifest.close()
-        files = StoreFiles(self.root / new)
+        files = StoreFiles(self.folder(new))
         try:
             files.commit({**files.read_manifest(), "name": kept})
         finally:
             files.close()
-        aside = self.root / f".{name}.old"
+        aside = self.root / f".{self.folder(name).name}.old"
         shutil.rmtree(aside, ignore_errors=True)
-        os.rename(self.root / name, aside)
-        os.rename(self.root / new, self.root / name)
+        os.rename(self.folder(name), aside)
+        os.rename(self.folder(new), self.folder(name))
         shutil.rmtree(aside)
 
     def close(self) -> None:

@@ -175,8 +175,8 @@ class EmbeddedMemory(MemoryBase):
                 first, stop = positions_between(memory.timestamps, start, end)
                 gone = [m.key for m in memory.messages[first:stop]]
             else:
-                wanted = set(keys)
-                gone = [m.key for m in memory.messages if m.key in wanted]
+                found = {memory.id_of(key) for key in keys} - {None}
+                gone = [memory[p].key for p in sorted(found)]  # in time order
             if gone:
                 self.state.delete_rows([self._row_of(key) for key in gone])
                 self._forget_scores()

@@ -137,11 +137,19 @@ class StoreFiles:
         return lines, vectors
 
     def read_lines(self, name: str) -> list[dict]:
-        return [json.loads(x) for x in (self.segments / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
+        # split at "\n" only: JSON escapes it in a string, not U+2028 and the like, which splitlines() splits at
+        text = (self.segments / f"{name}.jsonl").read_text(encoding="utf-8")
+        return [json.loads(x) for x in text.split("\n") if x]
 
-    def rewrite_lines(self, name: str, lines: list[dict]) -> None:
-        """Replace a segment's messages file (its vectors stay): how a deleted text leaves it."""
-        atomic_write(self.segments / f"{name}.jsonl", lambda tmp: _write_lines(tmp, lines))
+    def replace_lines(self, name: str, at: Sequence[int], line: str) -> None:
+        """Lines ``at`` of a segment's messages file become ``line`` (its vectors stay), the
+        others copied unparsed: how a deleted text leaves the file."""
+        path = self.segments / f"{name}.jsonl"
+        lines = path.read_text(encoding="utf-8").split("\n")
+        if any(lines[j] != line for j in at):
+            for j in at:
+                lines[j] = line
+            atomic_write(path, lambda tmp: tmp.write_text("\n".join(lines), encoding="utf-8"))
 
     def read_vectors(self, name: str) -> dict[str, np.ndarray]:
         from safetensors.numpy import load_file
@@ -188,7 +196,10 @@ class StoreFiles:
 
     def drop_derived(self, names: Sequence[str] | None = None) -> None:
         """Forget the derived indexes ``names`` (None: all of them, the rows changed under them)."""
-        kept = {} if names is None else {k: v for k, v in self.derived().items() if k not in names}
+        listed = self.derived()
+        if names is not None and not set(names) & set(listed):
+            return
+        kept = {} if names is None else {k: v for k, v in listed.items() if k not in names}
         write_json(self.index / "derived.json", kept)
         self.remove_stale_derived()
 

@@ -26,11 +26,22 @@ from pathlib import Path
 KEYS_ENV, KEY_ENV = "TIDER_API_KEYS", "TIDER_API_KEY"
 
 
-# A memory's name, as the service accepts it: up to 200 characters, so scopes such as
-# "user:alice.agent:support.session:9f1c2e4a-..." (UUIDs) fit; no "/" (it separates the
-# path's parts), and a directory store makes it a folder name (at most 255 bytes).
-NAME = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$"
-NAME_HELP = "memory name (up to 200 of: letters, digits, . _ - : @)"
+# A memory's name, as the service accepts it: up to 200 characters in "/"-separated parts,
+# so scopes such as "user:alice/agent:support/session:9f1c2e4a-..." (UUIDs) fit. A part is
+# never a word the routes put after a name (``ROUTE_WORDS``), so a path splits one way
+# (``/memories/user:alice/agent:x/messages/KEY``); a directory store makes "/" a "+" in the
+# folder name (at most 255 bytes).
+ROUTE_WORDS = ("messages", "search", "delete")
+_PART = r"[A-Za-z0-9][A-Za-z0-9._:@-]*"
+_NOT_A_WORD = rf"(?!(?:{'|'.join(ROUTE_WORDS)})(?:/|$))"
+NAME = rf"^(?=.{{1,200}}$){_NOT_A_WORD}{_PART}(?:/{_NOT_A_WORD}{_PART})*$"
+# NAME without its look-arounds (what pydantic's regex engine and the OpenAPI schema take,
+# with ``max_length=NAME_MAX``): in a path the route words are already excluded.
+NAME_SHAPE, NAME_MAX = rf"^{_PART}(?:/{_PART})*$", 200
+# How a route finds a name in a path: "/"-separated parts, none of them a route word (the
+# characters are checked against NAME afterwards, a 422 rather than a 404).
+NAME_IN_PATH = rf"{_NOT_A_WORD}[^/]+(?:/{_NOT_A_WORD}[^/]+)*"
+NAME_HELP = "memory name (up to 200 of: letters, digits, . _ - : @, and / between parts)"
 
 
 class KeyFileError(ValueError):
@@ -97,3 +108,20 @@ def read_key_file(path: Path) -> dict[str, Grant]:
             raise KeyFileError(f"{where}: the same key twice")
         grants[entry["key"]] = Grant(tuple(patterns["read"]), tuple(patterns["write"]))
     return grants
+
+
+def register_name_convertor() -> None:
+    """``{name:memory}`` in a route: a memory name that may hold "/" (``NAME_IN_PATH``)."""
+    from starlette.convertors import CONVERTOR_TYPES, Convertor, register_url_convertor
+
+    class MemoryName(Convertor):
+        regex = NAME_IN_PATH
+
+        def convert(self, value: str) -> str:
+            return value
+
+        def to_string(self, value: str) -> str:
+            return value
+
+    if "memory" not in CONVERTOR_TYPES:
+        register_url_convertor("memory", MemoryName())

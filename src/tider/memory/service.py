@@ -60,7 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tider.memory.backends import open_backend
 from tider.memory.files import StoreError
-from tider.memory.keys import NAME, NAME_HELP, KeyRing
+from tider.memory.keys import NAME_HELP, NAME_MAX, NAME_SHAPE, KeyRing, register_name_convertor
 from tider.memory.open_memories import DEFAULT_LIMIT, OpenMemories
 from tider.memory.pg.config import DatabaseUnavailable
 from tider.memory.records import MemoryInputError
@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from tider.memory.base import MemoryBase
 
 logger = logging.getLogger(__name__)
+register_name_convertor()  # the routes' {name:memory}: names with "/" in them
 
 MAX_BODY_BYTES = 8 * 2**20
 MAX_MESSAGES = 10_000
@@ -254,7 +255,9 @@ def _access(mode: str):
     memory: a route gets the name only through this, so it cannot forget to declare which
     (decided by the route, never by the method or by how the path ends)."""
 
-    def granted(request: Request, name: str = PathParam(pattern=NAME, description=NAME_HELP)) -> str:
+    def granted(
+        request: Request, name: str = PathParam(pattern=NAME_SHAPE, max_length=NAME_MAX, description=NAME_HELP)
+    ) -> str:
         if not request.state.grant.allows(name, mode):
             raise HTTPException(403, f"this key may not {mode} memory {name!r}")
         return name
@@ -269,7 +272,7 @@ READS, WRITES = _access("read"), _access("write")
 def _check_declared(app: FastAPI) -> None:
     """Every route over a memory declares read or write access (a start-up check)."""
     for route in app.routes:
-        if "{name}" in getattr(route, "path", ""):
+        if "{name:memory}" in getattr(route, "path", ""):
             modes = [getattr(d.call, "access", None) for d in route.dependant.dependencies]
             if not any(modes):
                 raise RuntimeError(f"route {route.path} {sorted(route.methods)} declares no access (READS/WRITES)")
@@ -283,7 +286,7 @@ def _add_routes(app: APIRouter, backend, memory) -> None:
     def names(request: Request) -> dict:
         return {"memories": [n for n in backend.get().names() if request.state.grant.allows(n, "read")]}
 
-    @app.post("/memories/{name}/messages", response_model=AddResponse)
+    @app.post("/memories/{name:memory}/messages", response_model=AddResponse)
     def add(body: AddRequest, name: str = WRITES) -> AddResponse:
         try:
             return AddResponse(ids=_added(memory, name, [m.model_dump(exclude_none=True) for m in body.messages]))

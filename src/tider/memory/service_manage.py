@@ -160,7 +160,7 @@ def add_management_routes(app: APIRouter, memory, reads, writes, input_error) ->
     def run(call):
         return answered(call, input_error)
 
-    @app.get("/memories/{name}/messages", response_model=ListResponse)
+    @app.get("/memories/{name:memory}/messages", response_model=ListResponse)
     def list_messages(
         name: str = reads,
         start: str | None = Query(None, max_length=64),
@@ -177,13 +177,13 @@ def add_management_routes(app: APIRouter, memory, reads, writes, input_error) ->
             more = bool(page) and bool(mem.get_all(start, end, offset + limit, 1, filters))
         return ListResponse(messages=[MessageOut.of(m) for m in page], next_offset=offset + limit if more else None)
 
-    @app.get("/memories/{name}/messages/{key:path}", response_model=MessageOut)
+    @app.get("/memories/{name:memory}/messages/{key:path}", response_model=MessageOut)
     def get_message(response: Response, name: str = reads, key: str = KEY) -> MessageOut:
         with memory(name, create=False) as mem:
             found = mem.get(key)
         return tagged(response, MessageOut.of(run(lambda: found or _missing(name, key))))
 
-    @app.patch("/memories/{name}/messages/{key:path}", response_model=MessageOut)
+    @app.patch("/memories/{name:memory}/messages/{key:path}", response_model=MessageOut)
     def update_message(
         body: UpdateRequest, response: Response, name: str = writes, key: str = KEY, if_match: str | None = IF_MATCH
     ) -> MessageOut:
@@ -192,7 +192,7 @@ def add_management_routes(app: APIRouter, memory, reads, writes, input_error) ->
             stored = run(lambda: mem.update(key, **body.model_dump(), if_version=version))
         return tagged(response, MessageOut.of(stored))
 
-    @app.delete("/memories/{name}/messages/{key:path}", response_model=DeleteResponse)
+    @app.delete("/memories/{name:memory}/messages/{key:path}", response_model=DeleteResponse)
     def delete_message(name: str = writes, key: str = KEY) -> DeleteResponse:
         with memory(name, create=False) as mem:
             deleted = mem.delete(key)
@@ -200,7 +200,7 @@ def add_management_routes(app: APIRouter, memory, reads, writes, input_error) ->
             raise HTTPException(404, f"memory {name!r} holds no message {key!r}")
         return DeleteResponse(deleted=deleted)
 
-    @app.post("/memories/{name}/delete", response_model=DeleteResponse)
+    @app.post("/memories/{name:memory}/delete", response_model=DeleteResponse)
     def delete_where(body: DeleteRequest, name: str = writes) -> DeleteResponse:
         with memory(name, create=False) as mem:
             if body.keys is not None:
@@ -208,7 +208,7 @@ def add_management_routes(app: APIRouter, memory, reads, writes, input_error) ->
             filters = body.filters and body.filters.as_dict()
             return DeleteResponse(deleted=run(lambda: mem.delete_all(body.start, body.end, filters)))
 
-    @app.delete("/memories/{name}", response_model=DeleteResponse)
+    @app.delete("/memories/{name:memory}", response_model=DeleteResponse)
     def delete_memory(name: str = writes) -> DeleteResponse:
         with memory(name, create=False) as mem:
             return DeleteResponse(deleted=mem.delete_all())

@@ -138,7 +138,7 @@ def add_search_routes(app: APIRouter, backend, memory, reads, input_error) -> No
     """The search routes; ``memory(name, create)`` leases an open memory, ``reads`` is the
     name parameter of a route that reads one, ``input_error`` makes the service's 422."""
 
-    @app.post("/memories/{name}/search", response_model=SearchResponse)
+    @app.post("/memories/{name:memory}/search", response_model=SearchResponse)
     def search(body: SearchRequest, name: str = reads) -> SearchResponse:
         with memory(name, create=False) as mem:
             return _search(mem, body, name, input_error)

@@ -59,7 +59,7 @@ class MemoryState(DerivedIndexes, Tombstones):
         manifest = self.files.read_manifest() if self.files else None
         if manifest is not None:
             stored = stored_config(manifest["config"])
-            hint = REINDEX_HINT.format(where=Path(path).parent, name=f" --memory {Path(path).name}")
+            hint = REINDEX_HINT.format(where=Path(path).parent, name=f" --memory {manifest['name']}")
             if config is not None:
                 check_build(stored, config, embedder, str(path), hint)
             else:
@@ -343,7 +343,7 @@ class MemoryState(DerivedIndexes, Tombstones):
             where = self.files.root if self.files else self.name
             raise StoreError(
                 f"{where}: the embedder gives dimension {vectors.shape[1]}, the store's vectors have {self.dim}; "
-                + REINDEX_HINT.format(where=Path(where).parent, name=f" --memory {Path(where).name}")
+                + REINDEX_HINT.format(where=Path(where).parent, name=f" --memory {self.name}")
             )
         return vectors
 

@@ -27,6 +27,7 @@ So a managed memory ranks as one built from its survivors in their order of addi
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -148,10 +149,7 @@ class Tombstones:
             i = int(np.searchsorted(starts, row, side="right")) - 1
             by_segment.setdefault(i, []).append(int(row - starts[i]))
         for i, lines_at in by_segment.items():
-            name = self.manifest["segments"][i]["name"]
-            lines = self.files.read_lines(name)
-            if any(lines[j] != DEAD for j in lines_at):
-                self.files.rewrite_lines(name, [DEAD if j in lines_at else x for j, x in enumerate(lines)])
+            self.files.replace_lines(self.manifest["segments"][i]["name"], lines_at, json.dumps(DEAD))
         stale = ["timeline"]
         if not self._postings_unsaved and self._saved_postings > min(dead_rows):
             stale.append("postings")

@@ -40,8 +40,11 @@ def _selector(past, lo: int, hi: int):
 def exact_top(vectors: np.ndarray, query: np.ndarray, k: int, rows: np.ndarray | None = None):
     """Top-``k`` ``(rows, scores)`` by brute force over ``vectors`` (or its ``rows``): the
     same matrix-vector product exact scoring uses, so equal inputs give equal floats."""
-    block = vectors if rows is None else vectors[rows]
-    scores = block @ query if len(block) else np.zeros(0, dtype=np.float32)
+    if rows is not None and 4 * len(rows) >= len(vectors):  # most rows: no copy of them (a mask, dead rows)
+        scores = (vectors @ query)[rows] if len(vectors) else np.zeros(0, dtype=np.float32)
+    else:
+        block = vectors if rows is None else vectors[rows]
+        scores = block @ query if len(block) else np.zeros(0, dtype=np.float32)
     top = np.argpartition(-scores, k - 1)[:k] if 0 < k < len(scores) else np.arange(len(scores))
     ids = top if rows is None else rows[top]
     return ids.astype(np.int64), scores[top]

@@ -18,12 +18,11 @@ message counts one placeholder term, as bm25s indexes it.
 Rows are numbered in the order they were added and never move; ``tokens`` keeps each
 row's terms. ``remove`` takes rows out (their postings, document frequencies, lengths:
 the statistics are then those of the rows that remain, as if they had never been added);
-a removed row keeps its number and scores 0.
+a removed row keeps its number and scores 0. An add and a remove are O(their terms).
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 from collections import Counter
@@ -37,16 +36,30 @@ from tider.retrieval.lexical import LexicalAnalysis
 K1, B = 1.5, 0.75  # bm25s's defaults
 
 
+def _grown(buf: np.ndarray | None, n: int, need: int, dtype) -> np.ndarray:
+    """``buf`` (``n`` used) with room for ``need``: capacity doubles, so appends are O(1) amortised."""
+    if buf is not None and need <= len(buf):
+        return buf
+    out = np.zeros(max(need, 2 * (0 if buf is None else len(buf)), 4), dtype=dtype)
+    if buf is not None:
+        out[:n] = buf[:n]
+    return out
+
+
 class Postings:
     """``add`` token lists (one per row), ``scores(query)`` -> ``(n,)`` float32 by row."""
 
     def __init__(self, analysis: LexicalAnalysis):
         self.analysis = analysis
         self.tokens: list[list[str] | None] = []  # per row (None: removed): what a save writes
-        self._rows: dict[str, list[int]] = {}
-        self._tfs: dict[str, list[int]] = {}
-        self._arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per term, dropped when it grows
-        self._lengths = np.zeros(1024, dtype=np.int64)
+        # per term: rows and term frequencies in growable arrays (the first _used[term]
+        # entries), so neither an add nor the next search converts a list
+        self._rows: dict[str, np.ndarray] = {}
+        self._tfs: dict[str, np.ndarray] = {}
+        self._used: dict[str, int] = {}
+        self._gone: dict[str, int] = {}  # per term: entries of removed rows, filtered when scored
+        self._lengths = np.zeros(0, dtype=np.int64)
+        self._alive = np.zeros(0, dtype=bool)
         self.n_rows = 0  # rows ever added, removed ones included
         self.n_live = 0  # the N of the statistics
         self.total_length = 0
@@ -54,9 +67,9 @@ class Postings:
     def add(self, token_lists: Sequence[Sequence[str] | None]) -> None:
         """Append one row per token list (None: a removed row, which holds a number only)."""
         need = self.n_rows + len(token_lists)
-        if need > len(self._lengths):
-            size = max(need, 2 * len(self._lengths))
-            self._lengths = np.concatenate([self._lengths, np.zeros(size - len(self._lengths), np.int64)])
+        self._lengths = _grown(self._lengths, self.n_rows, need, np.int64)
+        self._alive = _grown(self._alive, self.n_rows, need, bool)
+        fresh: dict[str, tuple[list[int], list[int]]] = {}
         for terms in token_lists:
             row = self.n_rows
             self.n_rows += 1
@@ -64,35 +77,49 @@ class Postings:
             if terms is None:
                 continue
             for term, tf in Counter(terms).items():
-                self._rows.setdefault(term, []).append(row)
-                self._tfs.setdefault(term, []).append(tf)
-                self._arrays.pop(term, None)
+                rows, tfs = fresh.setdefault(term, ([], []))
+                rows.append(row)
+                tfs.append(tf)
             self._lengths[row] = max(len(terms), 1)
+            self._alive[row] = True
             self.total_length += max(len(terms), 1)
             self.n_live += 1
+        for term, (rows, tfs) in fresh.items():
+            n = self._used.get(term, 0)
+            self._rows[term] = _grown(self._rows.get(term), n, n + len(rows), np.int64)
+            self._tfs[term] = _grown(self._tfs.get(term), n, n + len(rows), np.float64)
+            self._rows[term][n : n + len(rows)] = rows
+            self._tfs[term][n : n + len(rows)] = tfs
+            self._used[term] = n + len(rows)
 
     def remove(self, rows: Sequence[int]) -> None:
-        """Take rows out: O(the postings of their terms)."""
+        """Take rows out: O(their terms); their entries are skipped when a term is scored."""
         for row in sorted({int(r) for r in rows}):
             terms = self.tokens[row]
             if terms is None:
                 continue
             for term in Counter(terms):
-                at = bisect.bisect_left(self._rows[term], row)  # rows are appended in order
-                del self._rows[term][at], self._tfs[term][at]
-                self._arrays.pop(term, None)
-                if not self._rows[term]:
-                    del self._rows[term], self._tfs[term]
+                self._gone[term] = self._gone.get(term, 0) + 1
+                if self._gone[term] == self._used[term]:  # no live row holds it
+                    for table in (self._rows, self._tfs, self._used, self._gone):
+                        del table[term]
             self.total_length -= int(self._lengths[row])
             self._lengths[row] = 0
+            self._alive[row] = False
             self.tokens[row] = None
             self.n_live -= 1
 
     def _postings(self, term: str) -> tuple[np.ndarray, np.ndarray]:
-        if term not in self._arrays:
-            rows = np.asarray(self._rows[term], dtype=np.int64)
-            self._arrays[term] = rows, np.asarray(self._tfs[term], dtype=np.float64)
-        return self._arrays[term]
+        """A term's live entries; removed ones are dropped from its arrays once they are half."""
+        n = self._used[term]
+        rows, tfs = self._rows[term][:n], self._tfs[term][:n]
+        if self._gone.get(term):
+            keep = self._alive[rows]
+            rows, tfs = rows[keep], tfs[keep]
+            if 2 * self._gone[term] >= n:
+                self._rows[term], self._tfs[term] = rows.copy(), tfs.copy()
+                self._used[term], self._gone[term] = len(rows), 0
+        return rows, tfs
 
     def scores(self, query: str | Sequence[str]) -> np.ndarray:
         """Every row's BM25 score; a string query goes through the analysis."""
