@@ -53,13 +53,14 @@ def body(method: str, path: str, key: str) -> dict | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
+@pytest.fixture(scope="module", params=["directory", "postgres"])
+def client(request, tmp_path_factory):
     from tider.memory.service import create_app
 
     tmp = tmp_path_factory.mktemp("access")
     (tmp / "keys.json").write_text(json.dumps(KEYS))
-    with TestClient(create_app(tmp / "stores", keys_file=tmp / "keys.json")) as c:
+    store = tmp / "stores" if request.param == "directory" else request.getfixturevalue("postgres").database()
+    with TestClient(create_app(store, keys_file=tmp / "keys.json")) as c:
         yield c
 
 
