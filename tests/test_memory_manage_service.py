@@ -119,7 +119,7 @@ def test_scopes_and_scoped_keys(served):
 
 
 def test_a_bad_key_file_stops_the_start_with_its_name(tmp_path):
-    from tider.memory.keys import KeyFileError, KeyRing
+    from tider.memory.service.keys import KeyFileError, KeyRing
 
     path = tmp_path / "keys.json"
     path.write_text(json.dumps({"keys": [{"key": "short", "read": ["*"]}]}))

@@ -26,7 +26,7 @@ def test_the_least_recently_used_memory_is_closed_and_reopens_whole(tmp_path):
 
 def test_a_memory_in_use_is_never_closed(tmp_path):
     from tider.memory import TemporalMemory
-    from tider.memory.open_memories import OpenMemories
+    from tider.memory.service.open_memories import OpenMemories
 
     opened = []
 

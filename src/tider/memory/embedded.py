@@ -48,8 +48,8 @@ import numpy as np
 from tider.memory import index as indexed
 from tider.memory.base import MemoryBase, positions_between
 from tider.memory.records import MessageNotFound, to_messages, version_of
+from tider.memory.state import MemoryState
 from tider.memory.store import Ranking
-from tider.memory.store_state import MemoryState
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.retriever import dual_channel_rank, exact_similarity
 from tider.types import Memory, Message, Query, WindowPrediction

@@ -12,8 +12,8 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from tider.memory.files import StoreError
-from tider.memory.keys import NAME
 from tider.memory.records import MemoryInputError
+from tider.memory.service.keys import NAME
 from tider.types import NON_TEMPORAL, WindowPrediction
 
 logger = logging.getLogger(__name__)

@@ -10,13 +10,13 @@ POST /memories/{name}/search       {"text", "asked_at", "user", "k", "windows"}
                                        "window_source": "rules" | "none (locator failed: ...)"}
 GET  /openapi.json, /docs          the schema, generated from the models below
 ```
-and the record-management routes of ``tider.memory.service_manage`` (get, list, update,
+and the record-management routes of ``tider.memory.service.manage`` (get, list, update,
 delete, by key, by time range, all of a memory).
 
 The store is a directory (one embedded store per memory, ``DIR/<name>``, created by its
 first add; one process at a time) or a PostgreSQL URL (every memory in that database;
 any number of service processes on it, behind a load balancer: an add through one is
-found through all). With keys configured (``tider.memory.keys``: ``TIDER_API_KEY``, one
+found through all). With keys configured (``tider.memory.service.keys``: ``TIDER_API_KEY``, one
 key for every memory, and ``TIDER_API_KEYS``, a file binding keys to memory-name patterns
 for reading and for writing), every request needs ``Authorization: Bearer <key>`` (else
 401) and stays inside its key's memories (else 403; ``GET /memories`` lists those it may
@@ -60,12 +60,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tider.memory.backends import open_backend
 from tider.memory.files import StoreError
-from tider.memory.keys import NAME_HELP, NAME_MAX, NAME_SHAPE, KeyRing, register_name_convertor
-from tider.memory.open_memories import DEFAULT_LIMIT, OpenMemories
 from tider.memory.pg.config import DatabaseUnavailable
 from tider.memory.records import MemoryInputError
-from tider.memory.service_manage import add_management_routes
-from tider.memory.service_search import add_search_routes
+from tider.memory.service.keys import NAME_HELP, NAME_MAX, NAME_SHAPE, KeyRing, register_name_convertor
+from tider.memory.service.manage import add_management_routes
+from tider.memory.service.open_memories import DEFAULT_LIMIT, OpenMemories
+from tider.memory.service.search import add_search_routes
 
 if TYPE_CHECKING:
     from tider.memory.base import MemoryBase

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tider.memory.base import MAX_PAGE
 from tider.memory.records import MemoryInputError, MessageNotFound, VersionConflict, version_of
-from tider.memory.service_search import Filters
+from tider.memory.service.search import Filters
 from tider.types import Message
 
 SESSIONS = Query(None, max_length=100, description="any of these sessions")
