@@ -256,10 +256,10 @@ class MemoryState(DerivedIndexes, Tombstones):
         """Put rows ``first_row ..`` (``fresh``, ids = rows, their ``seq`` set) into the
         time-ordered views: by time, then ``seq`` (the order of addition)."""
         old_n = len(self.memory)
-        seq = self.seq.tolist()
-        ordered = sorted(fresh, key=lambda m: (m.timestamp, seq[m.id]))
-        last = (self.memory.timestamps[-1], seq[self.row_of_pos[-1]]) if old_n else None
-        if last is None or not ordered or (ordered[0].timestamp, seq[ordered[0].id]) > last:
+        fresh_seq = self.seq[[m.id for m in fresh]].tolist()  # the sort key's second part
+        ordered = [fresh[i] for i in sorted(range(len(fresh)), key=lambda i: (fresh[i].timestamp, fresh_seq[i]))]
+        last = (self.memory.timestamps[-1], int(self.seq[self.row_of_pos[-1]])) if old_n else None
+        if last is None or not ordered or (ordered[0].timestamp, int(self.seq[ordered[0].id])) > last:
             rows = np.array([m.id for m in ordered], dtype=np.int64)
             self.memory.append([replace(m, id=i) for i, m in enumerate(ordered)])  # ids keep this order
             self.row_of_pos = np.concatenate([self.row_of_pos, rows])
@@ -268,7 +268,7 @@ class MemoryState(DerivedIndexes, Tombstones):
             by_row = self.memory_by_row()
             for m in fresh:
                 by_row[m.id] = m
-            live = [r for r, m in enumerate(by_row) if m is not None]
+            live, seq = [r for r, m in enumerate(by_row) if m is not None], self.seq.tolist()
             order = sorted(live, key=lambda r: (by_row[r].timestamp, seq[r]))
             messages = [replace(by_row[r], id=i) for i, r in enumerate(order)]
             self.memory = Memory(self.name, messages, self.memory.granularity)
