@@ -178,22 +178,6 @@ class Reader:
         print(f"reader at {self.server.base_url}")
 
 
-def serving(out: Path):
-    """``tider serve``'s vLLM server of the export (pipeline.Serve's factory), its log OUT/serve-vllm.log."""
-    import argparse
-
-    from tider.commands import serve
-
-    def server(model: Path, dtype: str, log: Path):
-        parser = argparse.ArgumentParser()
-        serve.register(parser.add_subparsers())
-        flags = ["--enforce-eager", "--dtype", "float32"] if CPU else []  # vLLM's CPU `auto` downcasts to bf16
-        argv = ["serve", "--model", str(model), "--log", str(out / "serve-vllm.log"), "--startup-timeout", "900"]
-        return serve.make_server(parser.parse_args([*argv, *flags]))
-
-    return server
-
-
 def compare(run, config) -> None:
     """``tider eval compare`` of the served export on held-out questions; every locator
     request answered (a parse failure is the random model's, a failed request is not)."""
@@ -224,6 +208,7 @@ def train_args(out: Path, steps: int, size: list[str]) -> list[str]:
 def main(out: Path) -> int:
     import shutil
 
+    from tider.commands.serve import export_server
     from tider.pipeline import Data, Export, Serve, Train
 
     for name in ("data", "embedder", "base", "sft", "grpo", "export", "compare"):  # a rerun starts over
@@ -252,7 +237,8 @@ def main(out: Path) -> int:
 
     with run.stack:  # the served export lives until the comparison is done
         smoke.step("export", ("grpo",), lambda: Export(DTYPE)(run))
-        smoke.step("serve", ("export",), lambda: Serve(serving(out))(run))
+        server = export_server(log=out / "serve-vllm.log", startup_timeout=900)  # tider serve's
+        smoke.step("serve", ("export",), lambda: Serve(server)(run))
         config = CompareConfig(
             baselines=["none", "rules"], limit=LIMIT, retrieval=RetrievalConfig.load(out / "retrieval.yaml")
         )

@@ -19,7 +19,6 @@ import shutil
 from pathlib import Path
 
 from tider import resources
-from tider.pipeline import on_cpu
 
 DEMO_KS = (5, 10, 20, 50)
 
@@ -105,6 +104,7 @@ def _stages(args, out: Path) -> list:
 
     import yaml
 
+    from tider.commands.serve import export_server
     from tider.eval.compare import CompareConfig
     from tider.pipeline import Compare, Data, Export, Indexes, Serve, Train
     from tider.retrieval.config import RetrievalConfig
@@ -134,7 +134,7 @@ def _stages(args, out: Path) -> list:
         train("sft", sft_recipe, sft_start, args.sft_steps),
         train("grpo", grpo_recipe, str(out / "sft"), args.grpo_steps),
         Export(args.export_dtype),
-        Serve(None if args.no_serve else _vllm(args.port)),
+        Serve(None if args.no_serve else export_server(args.port)),
         # overwrite: the locator behind the URL may be a new model (or the port a new one).
         Compare(
             compare, memory_keys=_split_keys(args.split), overwrite=True, title=f"compare on the {args.split} split"
@@ -152,24 +152,6 @@ def _stages(args, out: Path) -> list:
             title="the SFT checkpoint on the same questions",
         ),
     ]
-
-
-def _vllm(port: int | None):
-    """``tider serve``'s vLLM server for an export (``port`` None: a free one)."""
-
-    def server(model: Path, dtype: str, log: Path):
-        from tider.commands import serve
-
-        parser = argparse.ArgumentParser()
-        serve.register(parser.add_subparsers())
-        # Eager on CPU: vLLM's compile warm-up costs ~100 s there and buys a tiny model nothing.
-        eager = ["--enforce-eager"] if on_cpu() else []
-        argv = ["serve", "--model", str(model), "--dtype", dtype, *eager, "--max-model-len", "4096", "--log", str(log)]
-        serve_args = parser.parse_args(argv)
-        serve_args.port = port
-        return serve.make_server(serve_args)
-
-    return server
 
 
 def _split_keys(split: str):

@@ -261,3 +261,24 @@ def run(args) -> int:
     finally:
         server.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def export_server(port: int | None = None, log: str | Path | None = None, startup_timeout: float = 300.0):
+    """``tider serve``'s vLLM server for an export, as ``tider.pipeline.Serve`` takes it: a
+    factory ``(model, dtype, log) -> server``; ``port`` None: a free one; ``log`` replaces
+    the pipeline's log path."""
+
+    def server(model: Path, dtype: str, default_log: Path):
+        import torch
+
+        parser = argparse.ArgumentParser()
+        register(parser.add_subparsers())
+        # Eager on CPU: vLLM's compile warm-up costs ~100 s there and buys a tiny model nothing.
+        eager = [] if torch.cuda.is_available() else ["--enforce-eager"]
+        argv = ["serve", "--model", str(model), "--dtype", dtype, *eager, "--max-model-len", "4096"]
+        argv += ["--log", str(log or default_log), "--startup-timeout", str(startup_timeout)]
+        serve_args = parser.parse_args(argv)
+        serve_args.port = port
+        return make_server(serve_args)
+
+    return server
