@@ -162,11 +162,12 @@ def child_search(store: str, n: int, count: int, changes: int) -> dict:
 
 def change_phase(mem, n: int, queries: list[dict], rounds: int) -> dict:
     """``rounds`` rounds of: add one message after the newest, then search (what an agent
-    does next); update one message's text, search; delete one, search. Each round's search
-    is compared with the plain search p50 of the same process."""
+    does next); update one old message's text, search; delete one of the newest, search;
+    delete one of the oldest (every later position moves), search. Each round's search is
+    compared with the plain search p50 of the same process."""
     rng = np.random.default_rng(7)
     rows: dict[str, list[float]] = {"add": [], "search_after_add": [], "update": [], "search_after_update": []}
-    rows.update(delete=[], search_after_delete=[])
+    rows.update(delete=[], search_after_delete=[], delete_oldest=[], search_after_delete_oldest=[])
     for i in range(rounds):
         q = queries[i % len(queries)]
         vec = rng.normal(size=(1, DIM)).astype(np.float32)
@@ -177,6 +178,7 @@ def change_phase(mem, n: int, queries: list[dict], rounds: int) -> dict:
             ("add", functools.partial(mem.add, [new], vectors=vec)),
             ("update", functools.partial(mem.update, str(7 * i), text=f"w{300 + i} changed")),
             ("delete", functools.partial(mem.delete, [str(n - 1 - 7 * i)])),
+            ("delete_oldest", functools.partial(mem.delete, [str(7 * i + 3)])),
         )
         for kind, change in changes:
             t = time.perf_counter()
@@ -320,7 +322,8 @@ def lexical_comparison(url: str) -> dict:
 
 CHANGE_HEADER = (
     "| messages | backend | add one, p50 (ms) | search right after, p50 (ms) | / plain search p50 "
-    "| update one, p50 (ms) / add | delete one, p50 (ms) / add | search after an update / delete, p50 (ms) |"
+    "| update one, p50 (ms) / add | delete one, p50 (ms) / add | delete an oldest, p50 (ms) / add "
+    "| search after an update / delete, p50 (ms) |"
 )
 
 
@@ -332,6 +335,7 @@ def change_row(n: int, backend: str, r: dict) -> str:
         f"{c['search_after_add']['p50_ms'] / plain:.2f}x | "
         f"{c['update']['p50_ms']} / {c['update']['p50_ms'] / add:.1f}x | "
         f"{c['delete']['p50_ms']} / {c['delete']['p50_ms'] / add:.1f}x | "
+        f"{c['delete_oldest']['p50_ms']} / {c['delete_oldest']['p50_ms'] / add:.1f}x | "
         f"{c['search_after_update']['p50_ms']} / {c['search_after_delete']['p50_ms']} |"
     )
 
@@ -355,7 +359,7 @@ def markdown(results: dict) -> str:
                 f"{r['open_and_first_search_s']:.1f} | {r['none']['p50_ms']} / {r['none']['p95_ms']} | "
                 f"{r['rules']['p50_ms']} / {r['rules']['p95_ms']} |"
             )
-    lines += ["", CHANGE_HEADER, "|---|---|---|---|---|---|---|---|"]
+    lines += ["", CHANGE_HEADER, "|---|---|---|---|---|---|---|---|---|"]
     for row in results["scales"]:
         for b in ("embedded", "postgres"):
             lines.append(change_row(row["messages"], b, row[b]))
