@@ -647,3 +647,25 @@ def test_the_day_a_question_names_leads_under_rules_as_embedded(postgres):
     ]
     assert got[0].ids == got[1].ids and got[0].messages[0].timestamp.date() == datetime(2024, 2, 3).date()
     pg.close()
+
+
+def test_one_change_re_merges_the_timeline_only_until_it_realigns(postgres):
+    """A delete moves the later positions back; an update in place moves none. Either way
+    the timeline re-merge stops where it opens a cluster an old one opened past the change
+    (the later clusters kept, moved back by the deleted count), and the result is the
+    timeline a memory built from the survivors has."""
+    msgs, vecs = records(600)
+    url = postgres.database()
+    mem = TemporalMemory(url, name="realign", embedder=NoEmbedder())
+    mem.add(msgs, vectors=vecs)
+    before = mem.timeline().starts
+    gone = [mem.messages()[300].key, mem.messages()[301].key, mem.messages()[5].key]
+    mem.delete(gone[:2])
+    mem.delete(gone[2:])
+    assert mem.update(mem.messages()[450].key, metadata={"moved": False}).id == 450
+    keep = [i for i, m in enumerate(msgs) if m["key"] not in set(gone)]
+    fresh = TemporalMemory(url, name="realign-fresh", embedder=NoEmbedder())
+    fresh.add([msgs[i] for i in keep], vectors=vecs[keep])
+    assert mem.timeline().starts == fresh.timeline().starts and len(before) > 20
+    check_tables(url, "realign")
+    mem.close(), fresh.close()

@@ -58,6 +58,7 @@ from tider.types import Message
 STORED = "seq, pos, key, ts, text, speaker, session, channel, topic, phase, stage, role, metadata, doc_length"
 MOVED = ", ".join(f"m.{c}" for c in STORED.split(", "))
 REANALYSE_UNDER = 2000  # moved messages whose postings are found by (term, seq); more: one scan
+FEW = 64  # deleted messages whose postings are found by (term, seq); more: a join on seq
 
 
 def _stored_message(row) -> tuple[int, int, int, Message]:
@@ -111,7 +112,8 @@ def commit_delete(
             "rewritten = version + 1 WHERE id = %s",
             (len(gone), sum(int(g[2]) for g in gone), memory_id, memory_id),
         )
-        rebuild_timeline(conn, memory_id, first, config)
+        last, k = int(gone[-1][1]), len(gone)  # past the last deleted, positions moved back by k
+        rebuild_timeline(conn, memory_id, first, config, unchanged_from=last - k + 1, shift=k)
         return [m.key for m in messages]
 
 
@@ -197,10 +199,15 @@ def _drop_postings(conn, memory_id: int, seqs: list[int], terms: list[list[str]]
     (term, seq), the postings' key; a scan of the memory's postings only if some were
     missed (terms analysed differently when they were written)."""
     params = {"m": memory_id, "seqs": seqs, "terms": sorted({t for ts in terms for t in ts})}
-    gone = "DELETE FROM tider_postings WHERE memory_id = %(m)s AND term = ANY(%(terms)s) AND seq = ANY(%(seqs)s)"
-    emptied = _count_down(conn, gone, params)
-    if sum(df for _, df in emptied.values()) != sum(len(set(ts)) for ts in terms):
-        scan = "DELETE FROM tider_postings WHERE memory_id = %(m)s AND seq = ANY(%(seqs)s)"
+    emptied: dict[str, tuple[int, int]] = {}
+    if len(seqs) <= FEW:
+        keyed = "DELETE FROM tider_postings WHERE memory_id = %(m)s AND term = ANY(%(terms)s) AND seq = ANY(%(seqs)s)"
+        emptied = _count_down(conn, keyed, params)
+    if sum(d for _, d in emptied.values()) != sum(len(set(ts)) for ts in terms):  # many, or some missed
+        scan = (
+            "DELETE FROM tider_postings p USING unnest(%(seqs)s::bigint[]) AS g(seq) "
+            "WHERE p.memory_id = %(m)s AND p.seq = g.seq"
+        )
         emptied.update(_count_down(conn, scan, params))
     zero = [term for term, (df, _) in emptied.items() if df <= 0]
     if zero:
@@ -244,21 +251,22 @@ def renumber(conn, memory_id: int, first: int, config: RetrievalConfig, last: in
             ).rowcount
             if done == len(rows):
                 return
-    conn.execute(
+    conn.execute(  # the range's messages joined to the memory's postings by seq
         "UPDATE tider_postings p SET pos = m.pos FROM tider_messages m WHERE p.memory_id = %s AND m.memory_id = %s "
-        "AND m.seq = ANY(%s) AND p.seq = m.seq AND p.pos <> m.pos",
-        (memory_id, memory_id, [r[0] for r in moved]),
+        f"AND m.pos >= %s{upto.replace('pos', 'm.pos')} AND p.seq = m.seq AND p.pos <> m.pos",
+        (memory_id, memory_id, first, *params),
     )
 
 
 def rebuild_timeline(
-    conn, memory_id: int, first_changed: int, config: RetrievalConfig, unchanged_from: int | None = None
+    conn, memory_id: int, first_changed: int, config: RetrievalConfig, unchanged_from: int | None = None, shift=0
 ) -> None:
     """Re-merge the timeline from the cluster holding position ``first_changed - 1`` (all
     of it from 0), every vector read from the table. ``unchanged_from``: the messages from
-    that position on are as they were, at the same positions; the greedy merge starts
-    afresh at each cluster it opens, so once it opens one where an old cluster started
-    (at or past ``unchanged_from``) the rest is the old timeline: it stops there."""
+    that position on are those that were ``shift`` positions later (the deleted ones before
+    them), unchanged. The greedy merge starts afresh at each cluster it opens, so once it
+    opens one where an old cluster started (past the change) the rest is the old timeline,
+    moved by ``shift``: it stops there."""
     from tider.retrieval.timeline import centroids, cluster_messages
 
     start = 0
@@ -269,17 +277,8 @@ def rebuild_timeline(
             (memory_id, first_changed - 1),
         ).fetchone()
         start = int(row[0]) if row else 0
-    stop, old_starts = None, set()
-    if unchanged_from is not None:  # read up to the 8th old start past the change, at most
-        old_starts = {
-            int(r[0])
-            for r in conn.execute(
-                "SELECT start_pos FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s "
-                "ORDER BY start_pos LIMIT 8",
-                (memory_id, unchanged_from),
-            ).fetchall()
-        }
-        stop = max(old_starts) if len(old_starts) == 8 else None
+    old_starts = _old_starts(conn, memory_id, unchanged_from, shift)
+    stop = max(old_starts) if len(old_starts) == REALIGN_WITHIN else None  # read no further
     upto = "" if stop is None else f" AND pos < {int(stop)}"
     rows = (
         conn.cursor(binary=True)
@@ -294,17 +293,45 @@ def rebuild_timeline(
     realigned = next((j for j, c in enumerate(clusters) if start + c[0] in old_starts), None)
     if realigned is None and stop is not None:  # no realignment in reach: all of it
         return rebuild_timeline(conn, memory_id, first_changed, config)
-    if realigned is not None:
-        clusters, end = clusters[:realigned], start + clusters[realigned][0]
-        conn.execute(
-            "DELETE FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s AND start_pos < %s",
-            (memory_id, start, end),
-        )
-    else:
+    if realigned is None:
         conn.execute("DELETE FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s", (memory_id, start))
+    else:
+        clusters, end = clusters[:realigned], start + clusters[realigned][0]
+        _keep_from(conn, memory_id, start, end, shift)
     if not clusters:
         return
     with conn.cursor().copy("COPY tider_timeline (memory_id, start_pos, centroid) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types(["int8", "int8", "vector"])
         for c, centre in zip(clusters, centroids(vectors, clusters)):
             copy.write_row((memory_id, start + c[0], centre))
+
+
+REALIGN_WITHIN = 8  # old clusters past a change within which the re-merge looks for its realignment
+
+
+def _old_starts(conn, memory_id: int, unchanged_from: int | None, shift: int) -> set[int]:
+    """The first ``REALIGN_WITHIN`` old cluster starts past the change, as positions now."""
+    if unchanged_from is None:
+        return set()
+    rows = conn.execute(
+        "SELECT start_pos FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s ORDER BY start_pos LIMIT %s",
+        (memory_id, unchanged_from + shift, REALIGN_WITHIN),
+    ).fetchall()
+    return {int(r[0]) - shift for r in rows}
+
+
+def _keep_from(conn, memory_id: int, start: int, end: int, shift: int) -> None:
+    """The old clusters from ``start`` up to ``end`` (a position now) go; those after it stay,
+    their starts moved back by ``shift`` (through negative values: the key stays unique)."""
+    conn.execute(
+        "DELETE FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s AND start_pos < %s",
+        (memory_id, start, end + shift),
+    )
+    if shift:
+        conn.execute(
+            "UPDATE tider_timeline SET start_pos = -(start_pos - %s) WHERE memory_id = %s AND start_pos >= %s",
+            (shift, memory_id, end + shift),
+        )
+        conn.execute(
+            "UPDATE tider_timeline SET start_pos = -start_pos WHERE memory_id = %s AND start_pos < 0", (memory_id,)
+        )
