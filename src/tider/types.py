@@ -119,13 +119,21 @@ class Message:
     metadata: tuple[tuple[str, str | int | float | bool], ...] = ()
 
 
+def renumbered(message: Message, i: int) -> Message:
+    """``replace(message, id=i)`` without ``__init__`` (a third of its time): memories
+    renumber every later message when one moves."""
+    out = object.__new__(Message)
+    out.__dict__.update(message.__dict__, id=i)
+    return out
+
+
 class Memory:
     """A conversation's messages, sorted by time, with O(log n) window -> id-range lookup."""
 
     def __init__(self, key: str, messages: Sequence[Message], granularity: Granularity = "day"):
         ordered = sorted(messages, key=lambda m: (m.timestamp, m.id))
         # Re-number so that id == position: every index and id range relies on it.
-        self.messages: list[Message] = [replace(m, id=i) for i, m in enumerate(ordered)]
+        self.messages: list[Message] = [renumbered(m, i) for i, m in enumerate(ordered)]
         self.key = key
         self.granularity: Granularity = granularity
         self.timestamps: list[datetime] = [m.timestamp for m in self.messages]
@@ -141,7 +149,7 @@ class Memory:
             raise ValueError(f"memory {self.key!r}: append() needs messages at or after {self.timestamps[-1]}")
         start = len(self.messages)
         for i, m in enumerate(ordered, start):
-            m = replace(m, id=i)
+            m = renumbered(m, i)
             self.messages.append(m)
             self.timestamps.append(m.timestamp)
             self._by_key[m.key] = i
@@ -155,7 +163,7 @@ class Memory:
         for p in gone:
             del self._by_key[self.messages[p].key]
         tail = [m for p, m in enumerate(self.messages[first:], first) if p not in dropped]
-        self.messages[first:] = [replace(m, id=i) for i, m in enumerate(tail, first)]
+        self.messages[first:] = [renumbered(m, i) for i, m in enumerate(tail, first)]
         self.timestamps[first:] = [m.timestamp for m in tail]
         self._by_key.update((m.key, m.id) for m in self.messages[first:])
 
