@@ -49,6 +49,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 from benchlib import commit, hardware, load
 
+from tider.memory.files import StoreError
+
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2021, 1, 1)
 DIM = 384
@@ -168,6 +170,7 @@ def change_phase(mem, n: int, queries: list[dict], rounds: int) -> dict:
     rng = np.random.default_rng(7)
     rows: dict[str, list[float]] = {"add": [], "search_after_add": [], "update": [], "search_after_update": []}
     rows.update(delete=[], search_after_delete=[], delete_oldest=[], search_after_delete_oldest=[])
+    failed: dict[str, str] = {}
     for i in range(rounds):
         q = queries[i % len(queries)]
         vec = rng.normal(size=(1, DIM)).astype(np.float32)
@@ -181,13 +184,19 @@ def change_phase(mem, n: int, queries: list[dict], rounds: int) -> dict:
             ("delete_oldest", functools.partial(mem.delete, [str(7 * i + 3)])),
         )
         for kind, change in changes:
+            if kind in failed:  # once a statement timeout: the same change again would be one too
+                continue
             t = time.perf_counter()
-            change()
+            try:
+                change()
+            except StoreError as err:  # e.g. PostgreSQL's statement timeout: what a user gets (503)
+                failed[kind] = f"after {time.perf_counter() - t:.0f} s: {str(err)[-160:]}"
+                continue
             rows[kind].append(1e3 * (time.perf_counter() - t))
             t = time.perf_counter()
             mem.search(q["text"], asked_at=q["asked_at"], windows="none", query_vector=q["vector"], k=20)
             rows[f"search_after_{kind}"].append(1e3 * (time.perf_counter() - t))
-    return {k: latency(v) for k, v in rows.items()}
+    return {k: latency(v) if v else {"failed": failed.get(k.removeprefix("search_after_"))} for k, v in rows.items()}
 
 
 def run_child(role: str, store: str, n: int, count: int, changes: int = 0) -> dict:
@@ -330,6 +339,9 @@ CHANGE_HEADER = (
 def change_row(n: int, backend: str, r: dict) -> str:
     c, plain = r["changes"], r["none"]["p50_ms"]
     add = c["add"]["p50_ms"]
+    for kind, row in c.items():  # a change that failed (a statement timeout): no figure, the error
+        if "failed" in row:
+            c = {**c, kind: {"p50_ms": float("nan")}}
     return (
         f"| {n:,} | {backend} | {add} | {c['search_after_add']['p50_ms']} | "
         f"{c['search_after_add']['p50_ms'] / plain:.2f}x | "
