@@ -156,11 +156,14 @@ class Reader:
         from tider.llm.vllm_server import VLLMServer
 
         model = str(ROOT / "models/tiny-locator-v3")
-        log = out / "reader-vllm.log"
         self.server = VLLMServer(
-            model, served_model_name="reader", max_model_len=4096, extra_args=READER_FLAGS, log_path=log
+            model,
+            served_model_name="reader",
+            max_model_len=4096,
+            extra_args=READER_FLAGS,
+            log_path=out / "reader-vllm.log",
+            startup_timeout=900,
         )
-        self.server.startup_timeout = 900
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._start, daemon=True)
         self.thread.start()
