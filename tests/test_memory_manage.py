@@ -286,3 +286,21 @@ def test_a_text_with_a_unicode_line_separator_opens_again(tmp_path):
         mem.delete(["m2"])  # the scrub rewrites the same file
     with TemporalMemory(tmp_path / "m", embedder=NoEmbedder()) as mem:
         assert len(mem) == 3 and mem.get("m1").text == msgs[1]["text"]
+
+
+def test_an_open_keeps_the_indexes_saved_after_a_delete(tmp_path):
+    """The scrub at an open is crash recovery only: a store closed after a delete reopens
+    with the derived indexes it saved (no timeline or postings rebuilt for nothing)."""
+    msgs, vecs = records(60)
+    with TemporalMemory(tmp_path / "m", embedder=NoEmbedder()) as mem:
+        mem.add(msgs, vectors=vecs)
+        mem.search("offsite budget", query_vector=vecs[0], k=5)
+        mem.timeline()
+        mem.delete(["m7"])
+        mem.search("offsite budget", query_vector=vecs[0], k=5)
+        mem.timeline()
+    saved = json.loads((tmp_path / "m" / "index" / "derived.json").read_text())
+    assert {"postings", "timeline"} <= set(saved)
+    with TemporalMemory(tmp_path / "m", embedder=NoEmbedder()) as mem:
+        assert json.loads((tmp_path / "m" / "index" / "derived.json").read_text()) == saved
+        assert mem.get("m7") is None and len(mem) == 59

@@ -146,10 +146,13 @@ class StoreFiles:
         others copied unparsed: how a deleted text leaves the file."""
         path = self.segments / f"{name}.jsonl"
         lines = path.read_text(encoding="utf-8").split("\n")
-        if any(lines[j] != line for j in at):
-            for j in at:
-                lines[j] = line
-            atomic_write(path, lambda tmp: tmp.write_text("\n".join(lines), encoding="utf-8"))
+        for j in at:
+            lines[j] = line
+        atomic_write(path, lambda tmp: tmp.write_text("\n".join(lines), encoding="utf-8"))
+
+    def lines_are(self, name: str, at: Sequence[int], line: str) -> bool:
+        lines = (self.segments / f"{name}.jsonl").read_text(encoding="utf-8").split("\n")
+        return all(lines[j] == line for j in at)
 
     def read_vectors(self, name: str) -> dict[str, np.ndarray]:
         from safetensors.numpy import load_file

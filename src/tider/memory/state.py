@@ -131,7 +131,7 @@ class MemoryState(DerivedIndexes, Tombstones):
         entry = self.files.derived_dir("postings")
         self._saved_postings = int(entry[1]["messages"]) if entry else 0
         if dead:  # a change committed, its lines perhaps not yet scrubbed (a crash in between)
-            self._scrub(sorted(dead))
+            self._scrub(sorted(dead), recovering=True)
 
     def fresh(self, records: Sequence[Message]) -> list[int]:
         """Indices of the ``records`` whose key this memory does not hold (first of a repeat)."""

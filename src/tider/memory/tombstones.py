@@ -140,21 +140,28 @@ class Tombstones:
         self.manifest = m
         self.files.commit(m)
 
-    def _scrub(self, dead_rows) -> None:
-        """Replace the dead rows' lines in their segments by ``DEAD``; drop saved postings
-        that hold their terms and the saved timeline (its positions moved)."""
+    def _scrub(self, dead_rows, recovering: bool = False) -> None:
+        """Replace the dead rows' lines in their segments by ``DEAD``, after dropping the
+        saved timeline (its positions moved) and saved postings that hold their terms, so a
+        crash in between leaves no stale cache. ``recovering`` (an open): only where a
+        line still holds its text, the change's scrub having been cut short."""
         starts = np.cumsum([0] + [s["messages"] for s in self.manifest["segments"]])
-        by_segment: dict[int, list[int]] = {}
+        by_segment: dict[str, list[int]] = {}
         for row in dead_rows:
             i = int(np.searchsorted(starts, row, side="right")) - 1
-            by_segment.setdefault(i, []).append(int(row - starts[i]))
-        for i, lines_at in by_segment.items():
-            self.files.replace_lines(self.manifest["segments"][i]["name"], lines_at, json.dumps(DEAD))
+            by_segment.setdefault(self.manifest["segments"][i]["name"], []).append(int(row - starts[i]))
+        dead = json.dumps(DEAD)
+        if recovering:
+            by_segment = {n: at for n, at in by_segment.items() if not self.files.lines_are(n, at, dead)}
+            if not by_segment:
+                return
         stale = ["timeline"]
         if not self._postings_unsaved and self._saved_postings > min(dead_rows):
             stale.append("postings")
             self._postings_unsaved = True
         self.files.drop_derived(stale)
+        for name, lines_at in by_segment.items():
+            self.files.replace_lines(name, lines_at, dead)
 
     def compact(self) -> None:
         """Rewrite the store as its live rows in ``seq`` order (rows renumbered, no dead
