@@ -205,8 +205,8 @@ class MemoryBase(abc.ABC):
             memory = self.messages()
             first, stop = positions_between(memory.timestamps, lo, hi)
             if keep is None:
-                return list(memory.messages[first + offset : min(stop, first + offset + limit)])
-            return [m for m in memory.messages[first:stop] if keep.matches(m)][offset : offset + limit]
+                return memory.slice(first + offset, min(stop, first + offset + limit))
+            return [m for m in memory.slice(first, stop) if keep.matches(m)][offset : offset + limit]
 
     def update(
         self, key: str, text: str | None = None, timestamp=None, if_version: str | None = None, metadata=None
@@ -257,7 +257,7 @@ class MemoryBase(abc.ABC):
         with self._reading():
             memory = self.messages()
             first, stop = positions_between(memory.timestamps, lo, hi)
-            doomed = [m for m in memory.messages[first:stop] if keep is None or keep.matches(m)]
+            doomed = [m for m in memory.slice(first, stop) if keep is None or keep.matches(m)]
         gone = self._delete(None, lo, hi) if keep is None else self._delete([m.key for m in doomed], None, None)
         self._forget_vectors([m for m in doomed if m.key in set(gone)])
         return gone

@@ -173,7 +173,7 @@ class EmbeddedMemory(MemoryBase):
             memory = self.state.memory
             if keys is None:
                 first, stop = positions_between(memory.timestamps, start, end)
-                gone = [m.key for m in memory.messages[first:stop]]
+                gone = [m.key for m in memory.slice(first, stop)]
             else:
                 found = {memory.id_of(key) for key in keys} - {None}
                 gone = [memory[p].key for p in sorted(found)]  # in time order

@@ -51,9 +51,7 @@ def _extend(memory: Memory, seqs: np.ndarray, fresh: list[Message]) -> tuple[Mem
     fresh.sort(key=lambda m: (m.timestamp, m.id))
     new_seqs = np.array([m.id for m in fresh], dtype=np.int64)
     if not len(memory) or fresh[0].timestamp >= memory.timestamps[-1]:  # appended: copy the lists, not the messages
-        out = Memory.__new__(Memory)
-        out.key, out.granularity = memory.key, memory.granularity
-        out.messages, out.timestamps, out._by_key = list(memory.messages), list(memory.timestamps), dict(memory._by_key)
+        out = memory.copy()
         out.append(fresh)
         return out, np.concatenate([seqs, new_seqs])
     old = [replace(m, id=int(s)) for m, s in zip(memory.messages, seqs)]
