@@ -66,8 +66,8 @@ def test_a_combined_dataset_gets_a_table_per_dataset(tiny_qwen3_dir, tmp_path):
     from tider.data.synth import generate
     from tider.eval.compare import run_compare
 
-    a = generate(300, seed=1, n_conversations=1, key_prefix="a")
-    b = generate(300, seed=2, n_conversations=1, key_prefix="b")
+    a = generate(100, seed=1, n_conversations=1, key_prefix="a")
+    b = generate(100, seed=2, n_conversations=1, key_prefix="b")
     a.name, b.name = "first", "second"
     both = combine([a, b])
     config = CompareConfig(

@@ -1,85 +1,9 @@
-"""`tider demo` end to end at toy scale (small model, few steps, locator through local
-transformers instead of vLLM — tests/test_serve_vllm.py covers serving), then a rerun
-that resumes: finished stages are skipped, the report is rebuilt from the same models."""
+"""`tider demo`'s choices. The demo end to end, then its resume, runs from the built wheel in
+a clean venv (tests/test_wheel.py); serving is tests/test_serve_vllm.py's."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-
-TOY = [
-    "--synthetic-messages",
-    "600",
-    "--synthetic-conversations",
-    "3",
-    "--sft-steps",
-    "20",
-    "--grpo-steps",
-    "1",
-    "--no-serve",
-    "--limit",
-    "6",
-    "--from-scratch",
-    # to both TrlParser recipes:
-    "--tiny_hidden_size",
-    "64",
-    "--tiny_num_layers",
-    "2",
-    "--tiny_num_heads",
-    "2",
-    "--tiny_vocab_size",
-    "1024",
-    "--prompt_lines",
-    "4",
-    "--max_prompt_tokens",
-    "256",
-    "--report_to",
-    "none",
-    "--save_strategy",
-    "no",
-]
-
-
-@pytest.mark.slow
-def test_demo_runs_every_stage_then_resumes(tmp_path, capsys):
-    from tider.cli import main
-
-    out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), *TOY]) == 0
-    printed = capsys.readouterr().out
-    for step in range(1, 9):
-        assert f"[{step}/8]" in printed
-    export = json.loads((out / "export" / "export_report.json").read_text())
-    assert export["greedy_identical"] and export["dtype"] == "float32"
-    assert json.loads((out / "export" / "tider_locator.json").read_text())["prompt_settings"]["lines"]["max_lines"] == 4
-    comparison = json.loads((out / "compare" / "compare.json").read_text())
-    assert comparison["methods"] == [
-        "none",
-        "rules",
-        "top-day",
-        "top-days",
-        "dbscan-tuned",
-        "timeline",
-        "locator",
-        "oracle",
-    ]
-    assert comparison["n_queries"] == 6
-    assert (out / "compare" / "compare.png").exists()
-    # SFT and SFT+GRPO on the same questions, the paired difference and its interval, printed
-    paired = json.loads((out / "compare" / "grpo_vs_sft.json").read_text())
-    sft = json.loads((out / "compare-sft" / "compare.json").read_text())
-    assert sft["methods"] == ["locator"] and sft["n_queries"] == paired["n"] <= 6 and paired["n"] > 0
-    d = paired["after_minus_before"]
-    assert d["ci_low"] <= d["mean"] <= d["ci_high"] and d["n"] == paired["n"]
-    assert paired["recall@20"]["after"] - paired["recall@20"]["before"] == pytest.approx(d["mean"])
-    assert "SFT vs SFT+GRPO" in printed and "95% paired bootstrap" in printed
-    first = json.loads((out / "timings.json").read_text())
-
-    assert main(["demo", "--out", str(out), *TOY]) == 0  # resume: nothing retrained
-    again = json.loads((out / "timings.json").read_text())
-    assert again["sft"] < 1.0 and again["grpo"] < 1.0 and first["sft"] > again["sft"]
-    assert json.loads((out / "compare" / "compare.json").read_text())["table"] == comparison["table"]
 
 
 def test_unknown_recipe_lists_the_known_ones(tmp_path):

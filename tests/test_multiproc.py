@@ -12,6 +12,7 @@ resumes from its last complete checkpoint.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tider.llm.vllm_server import free_port
@@ -161,9 +163,9 @@ def test_killed_two_rank_run_resumes_from_its_checkpoint(two_rank_sft):
         "--output_dir",
         str(out),
         "--max_steps",
-        "300",
+        "60",
         "--save_steps",
-        "20",
+        "10",
         "--save_total_limit",
         "2",
         *TINY,
@@ -173,13 +175,20 @@ def test_killed_two_rank_run_resumes_from_its_checkpoint(two_rank_sft):
     )
     deadline = time.monotonic() + 600
     try:
-        while not (out / "checkpoint-20" / "trainer_state.json").exists():
+        while not (out / "checkpoint-10" / "trainer_state.json").exists():
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
             time.sleep(0.05)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks, mid-run
+        # the launcher and both ranks, mid-run: each process of the run by name, since a rank
+        # outlives its launcher's process group for a few steps (and would write checkpoints)
+        family = psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(proc.pid, signal.SIGKILL)
+        for child in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        psutil.wait_procs(family, timeout=60)
         proc.wait(timeout=60)
-    assert not (out / "trainer_state.json").exists() and not (out / "checkpoint-300").exists()  # killed mid-run
+    assert not (out / "trainer_state.json").exists() and not (out / "checkpoint-60").exists()  # killed mid-run
     torchrun(
         "sft",
         "--model_name_or_path",
@@ -187,9 +196,9 @@ def test_killed_two_rank_run_resumes_from_its_checkpoint(two_rank_sft):
         "--output_dir",
         str(out),
         "--max_steps",
-        "300",
+        "60",
         "--save_steps",
-        "20",
+        "10",
         "--save_total_limit",
         "2",
         "--resume_from_checkpoint",
@@ -198,7 +207,7 @@ def test_killed_two_rank_run_resumes_from_its_checkpoint(two_rank_sft):
     )
     logs = rank_logs(out)
     resumed = re.findall(r"resuming from .*checkpoint-(\d+)", logs[0])
-    assert resumed and 20 <= int(resumed[-1]) < 300
+    assert resumed and 10 <= int(resumed[-1]) < 60
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     steps = [h["step"] for h in history if "loss" in h]
-    assert steps == list(range(1, 301))  # every step once: the resumed part continues the checkpoint's history
+    assert steps == list(range(1, 61))  # every step once: the resumed part continues the checkpoint's history

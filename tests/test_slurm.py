@@ -248,7 +248,7 @@ def test_the_time_limit_signal_saves_requeues_and_resumes(tiny_sft, recipe_work,
         "configs/sft/qwen3-1.7b.yaml",
         "ddp",
         *("--model_name_or_path", str(recipe_work / "base"), "--output_dir", str(out)),
-        *("--max_steps", "40", "--use_cpu", "true"),
+        *("--max_steps", "12", "--use_cpu", "true"),
         *data_args(recipe_data),
         *COMMON,
         work=recipe_work,
@@ -258,8 +258,8 @@ def test_the_time_limit_signal_saves_requeues_and_resumes(tiny_sft, recipe_work,
     assert "the time limit is near" in log and "requeueing job" in log, log[-6000:]
     assert "requeued; running it again" in log
     stopped = re.search(r"saving a checkpoint at step (\d+) and stopping", log)
-    assert stopped and int(stopped.group(1)) < 40, log[-6000:]
+    assert stopped and int(stopped.group(1)) < 12, log[-6000:]
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     # each step once: the requeued job resumed from the checkpoint, it did not start again
-    assert [r["step"] for r in logged if "loss" in r] == list(range(1, 41)), logged
-    assert steps(out) == list(range(1, 41))
+    assert [r["step"] for r in logged if "loss" in r] == list(range(1, 13)), logged
+    assert steps(out) == list(range(1, 13))

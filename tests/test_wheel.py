@@ -1,5 +1,6 @@
 """The built wheel carries what the CLI reads (the recipes, the shipped tiny locator) and runs
-`tider demo` installed in a clean venv, from a directory outside the checkout.
+`tider demo` installed in a clean venv, from a directory outside the checkout: every stage,
+then a rerun that resumes (finished stages skipped, the report rebuilt from the same models).
 
 The clean venv is made by the user's setup script (``scripts/setup.sh`` with
 ``TIDER_WHEEL``): torch, then the wheel with the dependencies it declares (its
@@ -35,6 +36,8 @@ TINY = [
     "--limit",
     "6",
     # to both TrlParser recipes:
+    "--prompt_lines",
+    "4",
     "--report_to",
     "none",
     "--save_strategy",
@@ -107,14 +110,55 @@ def test_the_wheel_runs_the_demo_outside_the_checkout(tmp_path):
         text=True,
     )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    # Started from the wheel's model and recipes, not a fresh one and not the checkout's.
-    assert "SFT (configs/sft/tiny-cpu.yaml)" in demo.stdout
-    assert f"--model_name_or_path {tmp_path / 'venv'}" in demo.stdout
-    table = demo.stdout.split("=== [7/8]")[1]  # the comparison, then the SFT checkpoint on the same queries
-    assert "SFT vs SFT+GRPO, " in table
-    assert ": 6 queries, same retriever" in table  # the comparison table's title
+    assert_every_stage(demo.stdout, work / "demo", tmp_path / "venv")
+    first = json.loads((work / "demo" / "timings.json").read_text())
     comparison = json.loads((work / "demo" / "compare" / "compare.json").read_text())
-    assert comparison["n_queries"] == 6 and "locator" in comparison["methods"]
+    again = subprocess.run(  # resume: nothing retrained, the same table from the same models
+        [str(tmp_path / "venv" / "bin" / "tider"), "demo", "--out", str(work / "demo"), *TINY],
+        cwd=work,
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    resumed = json.loads((work / "demo" / "timings.json").read_text())
+    assert resumed["sft"] < 1.0 and resumed["grpo"] < 1.0 and first["sft"] > resumed["sft"]
+    assert json.loads((work / "demo" / "compare" / "compare.json").read_text())["table"] == comparison["table"]
+    print(f"wheel build + fresh venv + tider demo, then its resume: {time.monotonic() - t0:.0f} s")
+
+
+def assert_every_stage(printed: str, out: Path, venv: Path) -> None:
+    """The demo's eight stages ran, started from the wheel's model and recipes (not a fresh
+    one, not the checkout's), with the recipe override reaching the export; the comparison and
+    the SFT checkpoint on the same queries, with the paired difference and its interval."""
+    for step in range(1, 9):
+        assert f"[{step}/8]" in printed
+    assert "SFT (configs/sft/tiny-cpu.yaml)" in printed
+    assert f"--model_name_or_path {venv}" in printed
+    export = json.loads((out / "export" / "export_report.json").read_text())
+    assert export["greedy_identical"] and export["dtype"] == "float32"
+    assert json.loads((out / "export" / "tider_locator.json").read_text())["prompt_settings"]["lines"]["max_lines"] == 4
+    table = printed.split("=== [7/8]")[1]
+    assert "SFT vs SFT+GRPO, " in table and "95% paired bootstrap" in table
+    assert ": 6 queries, same retriever" in table  # the comparison table's title
+    comparison = json.loads((out / "compare" / "compare.json").read_text())
+    assert comparison["methods"] == [
+        "none",
+        "rules",
+        "top-day",
+        "top-days",
+        "dbscan-tuned",
+        "timeline",
+        "locator",
+        "oracle",
+    ]
+    assert comparison["n_queries"] == 6 and (out / "compare" / "compare.png").exists()
     for method in comparison["methods"]:
         assert f"│ {method} " in table
-    print(f"wheel build + fresh venv + tider demo: {time.monotonic() - t0:.0f} s")
+    paired = json.loads((out / "compare" / "grpo_vs_sft.json").read_text())
+    sft = json.loads((out / "compare-sft" / "compare.json").read_text())
+    assert sft["methods"] == ["locator"] and sft["n_queries"] == paired["n"] <= 6 and paired["n"] > 0
+    d = paired["after_minus_before"]
+    assert d["ci_low"] <= d["mean"] <= d["ci_high"] and d["n"] == paired["n"]
+    assert paired["recall@20"]["after"] - paired["recall@20"]["before"] == pytest.approx(d["mean"])
