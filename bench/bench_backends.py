@@ -340,17 +340,17 @@ def change_row(n: int, backend: str, r: dict) -> str:
     c, plain = r["changes"], r["none"]["p50_ms"]
     add = c["add"]["p50_ms"]
 
-    def cost(kind: str, per: float, unit: str) -> str:  # a failed change (a statement timeout): its error
+    def cost(kind: str, per: float, digits: int = 1) -> str:  # a failed change (statement timeout): its error
         row = c[kind]
         return (
             f"failed {row['failed'].split(':')[0]}"
             if "failed" in row
-            else f"{row['p50_ms']} / {row['p50_ms'] / per:.{2 if unit == 'plain' else 1}f}x"
+            else f"{row['p50_ms']} / {row['p50_ms'] / per:.{digits}f}x"
         )
 
     return (
-        f"| {n:,} | {backend} | {add} | {cost('search_after_add', plain, 'plain')} | "
-        f"{cost('update', add, 'add')} | {cost('delete', add, 'add')} | {cost('delete_oldest', add, 'add')} | "
+        f"| {n:,} | {backend} | {add} | {cost('search_after_add', plain, 2)} | "
+        f"{cost('update', add)} | {cost('delete', add)} | {cost('delete_oldest', add)} | "
         f"{c['search_after_update'].get('p50_ms')} / {c['search_after_delete'].get('p50_ms')} |"
     )
 
