@@ -37,12 +37,12 @@ def test_schema_is_created_and_versioned_by_code(postgres):
     TemporalMemory(url, name="a", embedder=NoEmbedder()).close()
     TemporalMemory(url, name="b", embedder=NoEmbedder()).close()  # already migrated: nothing applied twice
     with psycopg.connect(url, autocommit=True) as conn:
-        assert conn.execute("SELECT version FROM tider_schema").fetchall() == [(1,), (2,), (3,), (4,), (5,)]
+        assert conn.execute("SELECT version FROM tider_schema").fetchall() == [(1,), (2,), (3,), (4,), (5,), (6,)]
         conn.execute("INSERT INTO tider_schema (version, description) VALUES (99, 'from the future')")
     from tider.memory.pg import pool
 
     pool._POOLS.clear()  # a new process would open a new pool: it must refuse a schema it does not know
-    with pytest.raises(StoreError, match="version 99, this tider knows up to 5: upgrade tider"):
+    with pytest.raises(StoreError, match="version 99, this tider knows up to 6: upgrade tider"):
         TemporalMemory(url, name="a", embedder=NoEmbedder())
 
 

@@ -32,8 +32,10 @@ class HashVectors:
 
 
 def check_tables(url: str, name: str) -> None:
-    """Positions dense in (time, seq) order; every posting's message there with its
-    position and time; document frequencies and corpus statistics as counted."""
+    """Stored positions increasing in (time, seq) order, and with the gaps exactly
+    0 .. span-1 (the memory row counting the gaps); every timeline start a message's;
+    every posting's message there with its position and time; document frequencies and
+    corpus statistics as counted."""
     import psycopg
 
     with psycopg.connect(url) as conn:
@@ -41,7 +43,12 @@ def check_tables(url: str, name: str) -> None:
         pos = [
             r[0] for r in conn.execute("SELECT pos FROM tider_messages WHERE memory_id = %s ORDER BY ts, seq", (mid,))
         ]
-        assert pos == list(range(len(pos)))
+        assert pos == sorted(set(pos))
+        gaps = [r[0] for r in conn.execute("SELECT pos FROM tider_gaps WHERE memory_id = %s", (mid,))]
+        assert sorted(pos + gaps) == list(range(len(pos) + len(gaps)))
+        assert conn.execute("SELECT gaps FROM tider_memories WHERE id = %s", (mid,)).fetchone()[0] == len(gaps)
+        starts = [r[0] for r in conn.execute("SELECT start_pos FROM tider_timeline WHERE memory_id = %s", (mid,))]
+        assert set(starts) <= set(pos)
         stray = conn.execute(
             "SELECT count(*) FROM tider_postings p LEFT JOIN tider_messages m ON m.memory_id = p.memory_id "
             "AND m.seq = p.seq WHERE p.memory_id = %s AND (m.seq IS NULL OR m.pos <> p.pos OR m.ts <> p.ts "
@@ -309,10 +316,10 @@ def test_deletes_adds_and_searches_at_once(postgres):
 
 
 def test_one_change_re_merges_the_timeline_only_until_it_realigns(postgres):
-    """A delete moves the later positions back; an update in place moves none. Either way
-    the timeline re-merge stops where it opens a cluster an old one opened past the change
-    (the later clusters kept, moved back by the deleted count), and the result is the
-    timeline a memory built from the survivors has."""
+    """A delete leaves gaps and moves no later position; an update in place moves none.
+    Either way the timeline re-merge stops where it opens a cluster an old one opened past
+    the change (the later clusters kept), and the result is the timeline a memory built
+    from the survivors has."""
     msgs, vecs = records(600)
     url = postgres.database()
     mem = TemporalMemory(url, name="realign", embedder=NoEmbedder())
@@ -328,3 +335,53 @@ def test_one_change_re_merges_the_timeline_only_until_it_realigns(postgres):
     assert mem.timeline().starts == fresh.timeline().starts and len(before) > 20
     check_tables(url, "realign")
     mem.close(), fresh.close()
+
+
+def test_gaps_a_delete_leaves_and_their_compaction(postgres):
+    """Deletes leave gaps (the newest too: an in-order add appends past it) and move no
+    later row; once the gaps outnumber the messages a delete closes them all. At each step
+    search, get, messages and timeline equal those of a fresh memory of the survivors."""
+    import psycopg
+
+    msgs, vecs = records(400)
+    by_time = sorted(range(400), key=lambda i: msgs[i]["timestamp"])
+    url, emb = postgres.database(), HashVectors()
+    mem = TemporalMemory(url, name="gappy", embedder=emb)
+    mem.add([msgs[i] for i in by_time[:300]], vectors=vecs[by_time[:300]])
+    kept = by_time[:300]
+
+    def same_as_fresh(step: str) -> None:
+        fresh = TemporalMemory(url, name=f"fresh-{step}", embedder=NoEmbedder())
+        fresh.add([msgs[i] for i in kept], vectors=vecs[kept])
+        assert [m.key for m in mem.messages()] == [m.key for m in fresh.messages()], step
+        assert mem.timeline().starts == fresh.timeline().starts, step
+        assert [ids for ids, _ in _answers(mem)] == [ids for ids, _ in _answers(fresh)], step
+        probe = mem.messages()[len(kept) // 2].key
+        assert mem.get(probe).id == fresh.get(probe).id == fresh.messages().id_of(probe), step
+        check_tables(url, "gappy")
+        fresh.close()
+
+    def gaps() -> int:
+        with psycopg.connect(url) as conn:
+            return conn.execute("SELECT gaps FROM tider_memories WHERE name = 'gappy'").fetchone()[0]
+
+    oldest, newest = [msgs[i]["key"] for i in kept[:5]], msgs[kept[-1]]["key"]
+    mem.delete(oldest + [newest])
+    kept = kept[5:-1]
+    assert gaps() == 6
+    same_as_fresh("deleted")
+    mem.add([msgs[i] for i in by_time[300:350]], vectors=vecs[by_time[300:350]])  # in order, past the gap
+    kept = kept + by_time[300:350]
+    assert gaps() == 6
+    same_as_fresh("appended")
+    half = [m.key for m in mem.messages()][::2]  # 172 more gaps than the 6: more than the 172 left
+    mem.delete(half)
+    kept = [i for i in kept if msgs[i]["key"] not in set(half)]
+    assert gaps() == 0  # the gaps outnumbered the messages: closed
+    same_as_fresh("compacted")
+    few = [mem.messages()[1].key, mem.messages()[3].key]
+    mem.delete(few)
+    kept = [i for i in kept if msgs[i]["key"] not in set(few)]
+    assert gaps() == 2
+    same_as_fresh("again")
+    mem.close()

@@ -102,7 +102,7 @@ def test_lexical_list_beside_the_walk_reads_the_search_snapshot(postgres):
             count = "SELECT count(*) FROM tider_messages WHERE memory_id = %s"
             assert side(lambda conn: conn.execute(count, (snap.row.id,)).fetchone()[0]) == 1000
             args = (snap.row, text, vec, "hybrid", cut, asked, True, mem.config, mem.pg)
-            both = sql.candidates(snap.conn, *args, side)
+            both = sql.candidates(snap.conn, *args, side=side)
         alone = sql.candidates(snap.conn, *args)
     assert len(writer) == 1200
     assert np.array_equal(both.ids, alone.ids) and np.array_equal(both.sim, alone.sim)

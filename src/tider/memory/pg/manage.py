@@ -11,9 +11,10 @@ every process, and a reader sees all of it or none:
    (a term no message holds any more leaves ``tider_terms``), the corpus statistics
    (message count, summed document lengths, newest time) set to what remains; an updated
    message's postings, length and chunks are written anew;
-2. positions are renumbered over the range that changed ((timestamp, seq) order, dense):
-   from the first deleted one to the end; for an update, between its old and new places
-   (none when its time keeps its place); the postings' copies of the moved positions follow;
+2. a delete leaves its stored positions as gaps (``tider_gaps``, ``tider.memory.pg.gaps``):
+   no later row moves; once the gaps outnumber the messages, ``compact`` closes them all.
+   An update that moves in time reorders the stored positions between its old and new
+   places (none when its time keeps its place); the postings' copies of the moved follow;
 3. the timeline re-merges from the cluster holding the position before the first changed
    one (the greedy merge is left to right and restarts at every cluster it opens, so the
    clusters before are what a memory built from the survivors has), up to where it opens
@@ -33,12 +34,11 @@ bytes may stay in the files until overwritten; ``VACUUM FULL tider_messages,
 tider_postings, tider_chunks`` rewrites the tables into new files and deletes the old).
 Write-ahead log segments (until recycled) and backups keep what they recorded.
 
-Cost: positions are dense and every posting carries its message's, so a delete rewrites
-the message rows and postings from the first deleted position on (their postings found
-by (term, seq), the postings' key, when fewer than ``REANALYSE_UNDER`` moved), and the
-timeline re-merges from the cluster before it: deleting the newest message is cheap, the
-oldest costs about as much as the memory. An update whose time keeps its place rewrites
-its own rows only. Measured: ``bench/bench_backends.py --changes`` (docs/benchmarks.md).
+Cost: a delete writes the rows it deletes, their postings and gaps, and re-merges the
+timeline from the cluster before it until it realigns: about the same for the oldest
+message as for the newest. An update whose time keeps its place rewrites its own rows; one
+that moves rewrites the rows (and their postings) between its two places. Measured:
+``bench/bench_backends.py --changes`` (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import numpy as np
 from psycopg.types.json import Jsonb
 
 from tider.memory.files import StoreError
-from tider.memory.pg.write import Fresh, _insert_chunks, _insert_postings, as_array, bm25_terms
+from tider.memory.pg.write import Fresh, _insert_chunks, _insert_postings, as_array, bm25_terms, write_clusters
 from tider.memory.records import MessageNotFound
 from tider.retrieval.config import RetrievalConfig
 from tider.types import Message
@@ -61,18 +61,24 @@ REANALYSE_UNDER = 2000  # moved messages whose postings are found by (term, seq)
 FEW = 64  # deleted messages whose postings are found by (term, seq); more: a join on seq
 
 
-def _stored_message(row) -> tuple[int, int, int, Message]:
-    """``(seq, pos, doc_length, message with id = pos)`` of a ``STORED`` row."""
+def _stored_message(row, dense: int | None = None) -> tuple[int, int, int, Message]:
+    """``(seq, pos, doc_length, message)`` of a ``STORED`` row; the message's ``id`` is
+    ``dense`` (its position as the API reports it), or its stored position."""
     seq, pos, key, ts, text, speaker, session, channel, topic, phase, stage, role, metadata, length = row
     meta = tuple(sorted(metadata.items()))
-    return seq, pos, length, Message(pos, key, text, ts, speaker, session, channel, topic, phase, stage, role, meta)
+    at = pos if dense is None else dense
+    return seq, pos, length, Message(at, key, text, ts, speaker, session, channel, topic, phase, stage, role, meta)
 
 
 def read_message(conn, memory_id: int, key: str) -> Message | None:
-    """The stored message ``key`` (``id`` its position), one row read."""
-    row = conn.execute(f"SELECT {STORED} FROM tider_messages WHERE memory_id = %s AND key = %s", (memory_id, key))
-    found = row.fetchone()
-    return None if found is None else _stored_message(found)[3]
+    """The stored message ``key`` (``id`` its position: the stored one less the gaps below
+    it), one row and an index count of the gaps read."""
+    found = conn.execute(
+        f"SELECT {STORED}, (SELECT count(*) FROM tider_gaps g WHERE g.memory_id = m.memory_id AND g.pos < m.pos) "
+        "FROM tider_messages m WHERE memory_id = %s AND key = %s",
+        (memory_id, key),
+    ).fetchone()
+    return None if found is None else _stored_message(found[:-1], int(found[1]) - int(found[-1]))[3]
 
 
 def _lock(conn, memory_id: int) -> int | None:
@@ -104,24 +110,31 @@ def commit_delete(
             return []
         seqs, messages = [g[0] for g in gone], [g[3] for g in gone]
         _drop_postings(conn, memory_id, seqs, bm25_terms(messages, config))
-        first = int(gone[0][1])
-        renumber(conn, memory_id, first, config)
-        conn.execute(
+        n, gaps = conn.execute(
             "UPDATE tider_memories SET n_messages = n_messages - %s, total_length = total_length - %s, "
-            "max_ts = (SELECT max(ts) FROM tider_messages WHERE memory_id = %s), version = version + 1, "
-            "rewritten = version + 1 WHERE id = %s",
-            (len(gone), sum(int(g[2]) for g in gone), memory_id, memory_id),
-        )
-        last, k = int(gone[-1][1]), len(gone)  # past the last deleted, positions moved back by k
-        rebuild_timeline(conn, memory_id, first, config, unchanged_from=last - k + 1, shift=k)
+            "gaps = gaps + %s, max_ts = (SELECT max(ts) FROM tider_messages WHERE memory_id = %s), "
+            "version = version + 1, rewritten = version + 1 WHERE id = %s RETURNING n_messages, gaps",
+            (len(gone), sum(int(g[2]) for g in gone), len(gone), memory_id, memory_id),
+        ).fetchone()
+        if gaps > n:  # more holes than messages: close them all (amortized over the deletes that made them)
+            compact(conn, memory_id, config)
+        else:
+            conn.execute(
+                "INSERT INTO tider_gaps (memory_id, pos) SELECT %s, unnest(%s::bigint[])",
+                (memory_id, [int(g[1]) for g in gone]),
+            )
+            rebuild_timeline(conn, memory_id, int(gone[0][1]), config, unchanged_from=int(gone[-1][1]) + 1)
         return [m.key for m in messages]
 
 
-def stored(conn, memory_id: int, key: str) -> Message | None:
-    """Message ``key`` as stored (``id`` its position), or None."""
-    row = conn.execute(f"SELECT {STORED} FROM tider_messages WHERE memory_id = %s AND key = %s", (memory_id, key))
-    row = row.fetchone()
-    return None if row is None else _stored_message(row)[3]
+def compact(conn, memory_id: int, config: RetrievalConfig) -> None:
+    """Close every gap: positions dense from 0 again (the postings follow), the timeline
+    re-merged whole. Costs about as much as the memory; a delete runs it once the gaps
+    outnumber the messages."""
+    renumber(conn, memory_id, 0, config)
+    conn.execute("DELETE FROM tider_gaps WHERE memory_id = %s", (memory_id,))
+    conn.execute("UPDATE tider_memories SET gaps = 0 WHERE id = %s", (memory_id,))
+    rebuild_timeline(conn, memory_id, 0, config)
 
 
 def _rewrite_row(conn, memory_id: int, seq: int, new: Message, length: int, vector) -> None:
@@ -175,13 +188,12 @@ def commit_replace(
             if len(chunks):
                 fresh.chunk_vectors, fresh.chunk_owners = chunks, np.zeros(len(chunks), dtype=np.int64)
                 _insert_chunks(conn, memory_id, fresh, {new.key: (seq, old_pos)})
-        new_pos = conn.execute(  # the others before it in (time, seq) order
-            "SELECT count(*) FROM tider_messages WHERE memory_id = %s AND (ts, seq) < (%s, %s) AND seq <> %s",
-            (memory_id, new.timestamp, seq, seq),
-        ).fetchone()[0]
-        first, last = min(int(old_pos), int(new_pos)), max(int(old_pos), int(new_pos))
+        first, last = _moved_range(conn, memory_id, seq, int(old_pos), new.timestamp)
         if first != last:  # it moved: the positions between follow; the others stay
             renumber(conn, memory_id, first, config, last)
+        new_pos = conn.execute(
+            "SELECT pos FROM tider_messages WHERE memory_id = %s AND seq = %s", (memory_id, seq)
+        ).fetchone()[0]
         _insert_postings(conn, memory_id, fresh, {new.key: (seq, int(new_pos))})
         conn.execute(
             "UPDATE tider_memories SET total_length = total_length + %s, "
@@ -190,7 +202,25 @@ def commit_replace(
             (length - int(old_length), memory_id, memory_id),
         )
         rebuild_timeline(conn, memory_id, first, config, unchanged_from=last + 1)
-        return stored(conn, memory_id, new.key)
+        return read_message(conn, memory_id, new.key)
+
+
+def _moved_range(conn, memory_id: int, seq: int, old_pos: int, ts: datetime) -> tuple[int, int]:
+    """The stored positions an update of message ``seq`` (at ``old_pos``) to time ``ts``
+    reorders: from its old place to the last other message before its new one, or from the
+    first other after its new one to its old place; ``(old_pos, old_pos)`` when it keeps
+    its place. Two index probes on ``(memory_id, ts, seq)``."""
+    probe = (
+        "SELECT pos FROM tider_messages WHERE memory_id = %s AND (ts, seq) {} (%s, %s) AND seq <> %s "
+        "ORDER BY ts {}, seq {} LIMIT 1"
+    )
+    before = conn.execute(probe.format("<", "DESC", "DESC"), (memory_id, ts, seq, seq)).fetchone()
+    if before is not None and before[0] > old_pos:
+        return old_pos, int(before[0])
+    after = conn.execute(probe.format(">", "", ""), (memory_id, ts, seq, seq)).fetchone()
+    if after is not None and after[0] < old_pos:
+        return int(after[0]), old_pos
+    return old_pos, old_pos
 
 
 def _drop_postings(conn, memory_id: int, seqs: list[int], terms: list[list[str]]) -> None:
@@ -227,15 +257,31 @@ def _count_down(conn, delete: str, params: dict) -> dict[str, tuple[int, int]]:
 
 
 def renumber(conn, memory_id: int, first: int, config: RetrievalConfig, last: int | None = None) -> None:
-    """Positions ``first .. last`` (None: to the end): the messages stored there, dense, in
-    (timestamp, seq) order; then the postings' copies of the positions that moved, found
-    by (term, seq) (their terms analysed again) when few moved, else by a scan."""
+    """The messages stored at positions ``first .. last`` back in (timestamp, seq) order: a
+    range keeps its set of stored positions (its gaps stay); to the end (``last`` None) the
+    positions become dense from ``first`` (the caller drops the gaps there). Then the
+    postings' copies of the positions that moved, found by (term, seq) (their terms
+    analysed again) when few moved, else by a scan."""
     upto, params = ("", ()) if last is None else (" AND pos <= %s", (last,))
+    if last is None:
+        target = (
+            "SELECT seq, %s + row_number() OVER (ORDER BY ts, seq) - 1 AS p "
+            "FROM tider_messages WHERE memory_id = %s AND pos >= %s"
+        )
+        args = (first, memory_id, first)
+    else:
+        ranked = (
+            "SELECT {}, row_number() OVER (ORDER BY {}) AS r FROM tider_messages WHERE memory_id = %s AND pos >= %s"
+        )
+        target = (
+            f"SELECT o.seq, s.pos AS p FROM ({ranked.format('seq', 'ts, seq')}{upto}) o "
+            f"JOIN ({ranked.format('pos', 'pos')}{upto}) s USING (r)"
+        )
+        args = (memory_id, first, last, memory_id, first, last)
     moved = conn.execute(
-        "UPDATE tider_messages m SET pos = r.p FROM (SELECT seq, %s + row_number() OVER (ORDER BY ts, seq) - 1 AS p "
-        f"FROM tider_messages WHERE memory_id = %s AND pos >= %s{upto}) r "
+        f"UPDATE tider_messages m SET pos = r.p FROM ({target}) r "
         f"WHERE m.memory_id = %s AND m.seq = r.seq AND m.pos <> r.p RETURNING {MOVED}",
-        (first, memory_id, first, *params, memory_id),
+        (*args, memory_id),
     ).fetchall()
     if not moved:
         return
@@ -259,14 +305,13 @@ def renumber(conn, memory_id: int, first: int, config: RetrievalConfig, last: in
 
 
 def rebuild_timeline(
-    conn, memory_id: int, first_changed: int, config: RetrievalConfig, unchanged_from: int | None = None, shift=0
+    conn, memory_id: int, first_changed: int, config: RetrievalConfig, unchanged_from: int | None = None
 ) -> None:
-    """Re-merge the timeline from the cluster holding position ``first_changed - 1`` (all
-    of it from 0), every vector read from the table. ``unchanged_from``: the messages from
-    that position on are those that were ``shift`` positions later (the deleted ones before
-    them), unchanged. The greedy merge starts afresh at each cluster it opens, so once it
-    opens one where an old cluster started (past the change) the rest is the old timeline,
-    moved by ``shift``: it stops there."""
+    """Re-merge the timeline from the cluster holding stored position ``first_changed - 1``
+    (all of it from 0), every vector read from the table. ``unchanged_from``: the messages
+    from that stored position on are unchanged. The greedy merge starts afresh at each
+    cluster it opens, so once it opens one where an old cluster started (past the change)
+    the rest is the old timeline: it stops there."""
     from tider.retrieval.timeline import centroids, cluster_messages
 
     start = 0
@@ -277,61 +322,44 @@ def rebuild_timeline(
             (memory_id, first_changed - 1),
         ).fetchone()
         start = int(row[0]) if row else 0
-    old_starts = _old_starts(conn, memory_id, unchanged_from, shift)
+    old_starts = _old_starts(conn, memory_id, unchanged_from)
     stop = max(old_starts) if len(old_starts) == REALIGN_WITHIN else None  # read no further
     upto = "" if stop is None else f" AND pos < {int(stop)}"
     rows = (
         conn.cursor(binary=True)
         .execute(
-            f"SELECT ts, embedding FROM tider_messages WHERE memory_id = %s AND pos >= %s{upto} ORDER BY pos",
+            f"SELECT pos, ts, embedding FROM tider_messages WHERE memory_id = %s AND pos >= %s{upto} ORDER BY pos",
             (memory_id, start),
         )
         .fetchall()
     )
-    vectors = np.stack([as_array(r[1]) for r in rows]).astype(np.float32) if rows else None
-    clusters = cluster_messages([r[0] for r in rows], vectors, config.timeline) if rows else []
-    realigned = next((j for j, c in enumerate(clusters) if start + c[0] in old_starts), None)
+    vectors = np.stack([as_array(r[2]) for r in rows]).astype(np.float32) if rows else None
+    clusters = cluster_messages([r[1] for r in rows], vectors, config.timeline) if rows else []
+    starts = [int(rows[c[0]][0]) for c in clusters]
+    realigned = next((j for j, p in enumerate(starts) if p in old_starts), None)
     if realigned is None and stop is not None:  # no realignment in reach: all of it
         return rebuild_timeline(conn, memory_id, first_changed, config)
     if realigned is None:
         conn.execute("DELETE FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s", (memory_id, start))
     else:
-        clusters, end = clusters[:realigned], start + clusters[realigned][0]
-        _keep_from(conn, memory_id, start, end, shift)
-    if not clusters:
-        return
-    with conn.cursor().copy("COPY tider_timeline (memory_id, start_pos, centroid) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(["int8", "int8", "vector"])
-        for c, centre in zip(clusters, centroids(vectors, clusters)):
-            copy.write_row((memory_id, start + c[0], centre))
+        conn.execute(  # the old clusters after the realignment stay
+            "DELETE FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s AND start_pos < %s",
+            (memory_id, start, starts[realigned]),
+        )
+        clusters, starts = clusters[:realigned], starts[:realigned]
+    if clusters:
+        write_clusters(conn, memory_id, starts, centroids(vectors, clusters))
 
 
 REALIGN_WITHIN = 8  # old clusters past a change within which the re-merge looks for its realignment
 
 
-def _old_starts(conn, memory_id: int, unchanged_from: int | None, shift: int) -> set[int]:
-    """The first ``REALIGN_WITHIN`` old cluster starts past the change, as positions now."""
+def _old_starts(conn, memory_id: int, unchanged_from: int | None) -> set[int]:
+    """The first ``REALIGN_WITHIN`` old cluster starts past the change."""
     if unchanged_from is None:
         return set()
     rows = conn.execute(
         "SELECT start_pos FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s ORDER BY start_pos LIMIT %s",
-        (memory_id, unchanged_from + shift, REALIGN_WITHIN),
+        (memory_id, unchanged_from, REALIGN_WITHIN),
     ).fetchall()
-    return {int(r[0]) - shift for r in rows}
-
-
-def _keep_from(conn, memory_id: int, start: int, end: int, shift: int) -> None:
-    """The old clusters from ``start`` up to ``end`` (a position now) go; those after it stay,
-    their starts moved back by ``shift`` (through negative values: the key stays unique)."""
-    conn.execute(
-        "DELETE FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s AND start_pos < %s",
-        (memory_id, start, end + shift),
-    )
-    if shift:
-        conn.execute(
-            "UPDATE tider_timeline SET start_pos = -(start_pos - %s) WHERE memory_id = %s AND start_pos >= %s",
-            (shift, memory_id, end + shift),
-        )
-        conn.execute(
-            "UPDATE tider_timeline SET start_pos = -start_pos WHERE memory_id = %s AND start_pos < 0", (memory_id,)
-        )
+    return {int(r[0]) for r in rows}

@@ -30,6 +30,7 @@ from tider.memory.built import REINDEX_HINT, built_with, check_build, check_embe
 from tider.memory.files import StoreError
 from tider.memory.pg import rank as sql
 from tider.memory.pg.config import PostgresConfig
+from tider.memory.pg.gaps import NO_GAPS
 from tider.memory.pg.pool import acquire, release
 from tider.memory.pg.views import MemoryView
 from tider.memory.pg.write import Fresh, bm25_terms, commit_add, existing_keys, hnsw_state, index_when_grown, memory_row
@@ -188,7 +189,9 @@ class PostgresMemory(MemoryBase):
         self._own(name)
         with self._read() as snap:
             copy = self._copy(snap)
-            return self._view.timeline(snap.conn, snap.row.id if snap.row else None, copy, self.embedder)
+            return self._view.timeline(
+                snap.conn, snap.row.id if snap.row else None, copy, self.embedder, self._gaps(snap)
+            )
 
     def vectors_by_position(self) -> np.ndarray:
         with self._read() as snap:
@@ -203,20 +206,25 @@ class PostgresMemory(MemoryBase):
         with self._read() as snap:
             scores = self.vectors_by_position()[wanted] @ vector
             if snap.row is not None and len(wanted):
+                stored = np.atleast_1d(self._gaps(snap).stored(wanted))
                 rows = snap.conn.execute(
                     "SELECT m.pos, max(-(c.embedding <#> %s)) FROM tider_chunks c JOIN tider_messages m "
                     "ON m.memory_id = c.memory_id AND m.seq = c.seq WHERE c.memory_id = %s AND m.pos = ANY(%s) "
                     "GROUP BY m.pos",
-                    (vector, snap.row.id, wanted.tolist()),
+                    (vector, snap.row.id, stored.tolist()),
                 ).fetchall()
                 for pos, best in rows:
-                    here = wanted == pos
+                    here = stored == pos
                     scores[here] = np.maximum(scores[here], np.float32(best))
         return scores
 
     def _messages_at(self, positions) -> list[Message]:
         with self._read() as snap:
-            return sql.messages_at(snap.conn, snap.row, positions) if len(positions) else []
+            return sql.messages_at(snap.conn, snap.row, positions, self._gaps(snap)) if len(positions) else []
+
+    def _gaps(self, snap: Snapshot):
+        """The snapshot's gaps (stored positions no message holds), read once per version."""
+        return self._view.gaps(snap.conn, snap.row) if snap.row else NO_GAPS
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         return np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
@@ -236,7 +244,10 @@ class PostgresMemory(MemoryBase):
 
     def cut(self, asked_at: datetime | None) -> int:
         with self._read() as snap:
-            return sql.cut_at(snap.conn, snap.row, self._asked(asked_at)) if snap.row else 0
+            return self._gaps(snap).dense(self._stored_cut(snap, asked_at))
+
+    def _stored_cut(self, snap: Snapshot, asked_at: datetime | None) -> int:
+        return sql.cut_at(snap.conn, snap.row, self._asked(asked_at)) if snap.row else 0
 
     def _use_hnsw(self, snap: Snapshot, exact: bool | None, cut: int) -> bool:
         """The HNSW path: not asked to be exact, a memory of ``hnsw_min_messages`` or more
@@ -268,7 +279,18 @@ class PostgresMemory(MemoryBase):
         asked = self._asked(query.asked_at)
         with self._side(snap, hnsw and mode == "hybrid") as side:
             found = sql.candidates(
-                snap.conn, snap.row, query.text, vector, mode, cut, asked, hnsw, self.config, self.pg, side
+                snap.conn,
+                snap.row,
+                query.text,
+                vector,
+                mode,
+                cut,
+                asked,
+                hnsw,
+                self.config,
+                self.pg,
+                side=side,
+                gaps=self._gaps(snap),
             )
         with self._cache_lock:
             self._semantic[key] = found
@@ -289,27 +311,28 @@ class PostgresMemory(MemoryBase):
         from tider.memory.index import semantic_top_k, windowed_rank
 
         with self._read() as snap:
-            cut = sql.cut_at(snap.conn, snap.row, self._asked(query.asked_at)) if snap.row else 0
+            cut = self._stored_cut(snap, query.asked_at)
             if cut == 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32), True
-            hnsw = self._use_hnsw(snap, exact, cut)
+            gaps = self._gaps(snap)
+            hnsw = self._use_hnsw(snap, exact, gaps.dense(cut))
             found = self._candidates(snap, query, query_vector, hnsw, semantic or self.config.semantic, cut)
             if not uses_windows(prediction, self.config):
                 ids, scores = semantic_top_k(found, k)
             else:
-                inside = sql.window_ranges(snap.conn, snap.row, prediction.windows, cut)
+                inside = sql.window_ranges(snap.conn, snap.row, prediction.windows, cut, gaps)
                 padded = any(w.core is not None for w in prediction.windows)
-                core = sql.window_ranges(snap.conn, snap.row, anchors(prediction), cut) if padded else inside
+                core = sql.window_ranges(snap.conn, snap.row, anchors(prediction), cut, gaps) if padded else inside
                 ids, scores = windowed_rank(found, inside, self.config, k, core)
             return ids, scores, not hnsw
 
     def ranking(self, query: Query, mode: str | None = None, exact: bool | None = None) -> Ranking:
         """The semantic channel's candidates for ``query`` (positions best first, sim)."""
         with self._read() as snap:
-            cut = sql.cut_at(snap.conn, snap.row, self._asked(query.asked_at)) if snap.row else 0
+            cut = self._stored_cut(snap, query.asked_at)
             if cut == 0:
                 return Ranking(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
-            hnsw = self._use_hnsw(snap, exact, cut)
+            hnsw = self._use_hnsw(snap, exact, self._gaps(snap).dense(cut))
             found = self._candidates(snap, query, None, hnsw, mode or self.config.semantic, cut)
             return Ranking(found.ids, found.sim)
 

@@ -2,7 +2,7 @@
 
 Per query, in one read-only snapshot:
 
-- ``cut``: how many positions the query may see (the last message at or before
+- ``cut``: the stored bound of what the query may see (past the last message at or before
   ``asked_at``, found on the ``(memory_id, ts, seq)`` index);
 - the dense list: pgvector's inner product on unit vectors (= cosine), best first among
   the past: an exact scan of the memory's rows, ``rrf_depth`` deep, or, from
@@ -14,6 +14,9 @@ Per query, in one read-only snapshot:
   fewer messages match, it goes on with the earliest non-matching past positions at score
   0, as the embedded store's rank of a score vector does;
 - window ranges: each window's first and last position, two index probes per window.
+
+The SQL speaks stored positions, which a delete leaves sparse; every list is turned into
+the dense positions the fusion and the API use (``tider.memory.pg.gaps``) before it fuses.
 
 On the HNSW path the lexical list runs on a second connection that shares the snapshot
 (``pg_export_snapshot``), at the same time as the dense walk: the two are the search's
@@ -33,6 +36,7 @@ import numpy as np
 
 from tider.memory import index as indexed
 from tider.memory.pg.config import PostgresConfig
+from tider.memory.pg.gaps import NO_GAPS
 from tider.memory.pg.lexical import bm25_list, ts_rank_list
 from tider.retrieval.config import RetrievalConfig
 from tider.scoring import merge_intervals
@@ -52,20 +56,27 @@ class MemoryRow:
     dim: int | None
     max_ts: datetime | None
     rewritten: int = 0  # the version of the last delete or update
+    gaps: int = 0  # stored positions no message holds
+
+    @property
+    def span(self) -> int:
+        """The stored positions in use (0 .. span-1), gaps included."""
+        return self.n + self.gaps
 
     @classmethod
     def read(cls, conn, name: str) -> MemoryRow | None:
         row = conn.execute(
-            "SELECT id, n_messages, total_length, version, dim, max_ts, rewritten FROM tider_memories WHERE name = %s",
+            "SELECT id, n_messages, total_length, version, dim, max_ts, rewritten, gaps FROM tider_memories "
+            "WHERE name = %s",
             (name,),
         ).fetchone()
         return cls(*row) if row else None
 
 
 def cut_at(conn, row: MemoryRow, asked: datetime) -> int:
-    """Number of positions at or before ``asked``."""
+    """The stored bound of the messages at or before ``asked`` (exclusive)."""
     if row.max_ts is not None and asked >= row.max_ts:
-        return row.n
+        return row.span
     found = conn.execute(
         "SELECT pos FROM tider_messages WHERE memory_id = %s AND ts <= %s ORDER BY ts DESC, seq DESC LIMIT 1",
         (row.id, asked),
@@ -102,16 +113,16 @@ CHUNK_SQL = (
 )
 
 
-def dense_list(conn, row: MemoryRow, vector: np.ndarray, asked: datetime, depth: int, hnsw: bool, cut: int = 0):
-    """``(positions, cosines)`` of the ``depth`` best past messages (exact, or the HNSW
-    walk), a message's cosine being its best chunk's. The walk gathers ``depth`` candidates
-    scaled by the share of the memory the query may see, so the past filter leaves about
+def dense_list(conn, row: MemoryRow, vector: np.ndarray, asked: datetime, depth: int, hnsw: bool, past: int = 0):
+    """``(stored positions, cosines)`` of the ``depth`` best past messages (exact, or the
+    HNSW walk), a message's cosine being its best chunk's. The walk gathers ``depth``
+    candidates scaled by the share (``past`` of ``row.n``) the query may see, so the past filter leaves about
     ``depth`` (a second walk, pgvector's iterative scan, would cost as much again); the
     list is re-sorted by score anyway."""
     params = {"q": np.ascontiguousarray(vector, dtype=np.float32), "m": row.id, "asked": asked, "depth": depth}
     with conn.pipeline():  # one round trip for every statement
         if hnsw:
-            ef = min(1000, int(np.ceil(depth * row.n / max(cut, 1))))
+            ef = min(1000, int(np.ceil(depth * row.n / max(past, 1))))
             # enable_sort off: the graph's own order, never a scan and sort
             conn.execute(
                 "SELECT set_config('hnsw.ef_search', %s, true), set_config('enable_sort', 'off', true)", (str(ef),)
@@ -128,29 +139,44 @@ def dense_list(conn, row: MemoryRow, vector: np.ndarray, asked: datetime, depth:
 
 
 def lexical_top(conn, row: MemoryRow, text: str, asked: datetime, cut: int, config: RetrievalConfig, pg):
-    """``(positions, scores)`` of the lexical list as the embedded store ranks it, or
-    ``(None, None)`` when no past message shares a term with the query."""
-    depth = config.rrf_depth
+    """The lexical list (stored positions, best first; ``cut`` the stored bound of the past)."""
     if pg.lexical == "ts_rank":
-        found = ts_rank_list(conn, row.id, text, config.metadata_fields, asked, depth)
-    else:
-        found = bm25_list(
-            conn, row.id, text, row.n, row.total_length, asked, cut, depth, config.index_min_messages, config.lexical()
-        )
+        return ts_rank_list(conn, row.id, text, config.metadata_fields, asked, config.rrf_depth)
+    return bm25_list(
+        conn,
+        row.id,
+        text,
+        row.n,
+        row.total_length,
+        asked,
+        cut,
+        config.rrf_depth,
+        config.index_min_messages,
+        config.lexical(),
+    )
+
+
+def filled(found, past: int, depth: int):
+    """``(positions, scores)`` of a lexical list in dense positions as the embedded store
+    ranks it: when it is complete and short, the earliest past messages sharing no term
+    follow at 0; ``(None, None)`` when no past message shares a term with the query."""
     if not len(found.pos):
         return None, None
     pos, scores = found.pos, found.scores
-    want = min(depth, cut)
-    if found.complete and len(pos) < want:  # then the earliest past messages sharing no term, at 0
-        fill = indexed._fillers([(0, cut)], np.sort(pos), want - len(pos))[0]
+    want = min(depth, past)
+    if found.complete and len(pos) < want:
+        fill = indexed._fillers([(0, past)], np.sort(pos), want - len(pos))[0]
         pos, scores = np.concatenate([pos, fill]), np.concatenate([scores, np.zeros(len(fill), np.float32)])
     return pos, scores
 
 
-def candidates(conn, row, text, vector, mode, cut, asked, hnsw, config: RetrievalConfig, pg: PostgresConfig, side=None):
-    """The query's window-independent part: ``tider.memory.index.Candidates``. With ``side``
-    (``side(fn, *args)`` runs ``fn`` on a second connection in the same snapshot), the
-    lexical list runs there meanwhile."""
+def candidates(conn, row, text, vector, mode, cut, asked, hnsw, config: RetrievalConfig, pg: PostgresConfig, **how):
+    """The query's window-independent part: ``tider.memory.index.Candidates``, in dense
+    positions (``how["gaps"]`` translates; ``cut`` is the stored bound of the past). With
+    ``how["side"]`` (``side(fn, *args)`` runs ``fn`` on a second connection in the same
+    snapshot), the lexical list runs there meanwhile."""
+    gaps, side = how.get("gaps", NO_GAPS), how.get("side")
+    past = gaps.dense(cut)
     dense_pos = dense_scores = bm25_pos = bm25_scores = None
     lexical = None
     if mode == "hybrid" and side is not None:
@@ -158,22 +184,24 @@ def candidates(conn, row, text, vector, mode, cut, asked, hnsw, config: Retrieva
     try:
         if mode in ("dense", "hybrid"):
             depth = min(config.index_depth, config.rrf_depth, pg.hnsw_depth) if hnsw else config.rrf_depth
-            dense_pos, dense_scores = dense_list(conn, row, vector, asked, depth, hnsw, cut)
+            dense_pos, dense_scores = dense_list(conn, row, vector, asked, depth, hnsw, past)
+            dense_pos = gaps.dense(dense_pos)
     finally:
         if lexical is not None:
             futures.wait([lexical])  # the side connection is in use until its transaction ends
     if mode in ("bm25", "hybrid"):
         found = lexical.result() if lexical is not None else lexical_top(conn, row, text, asked, cut, config, pg)
-        bm25_pos, bm25_scores = found
-    return indexed.fuse_lists(dense_pos, dense_scores, bm25_pos, bm25_scores, mode, config, cut)
+        bm25_pos, bm25_scores = filled(replace(found, pos=gaps.dense(found.pos)), past, config.rrf_depth)
+    return indexed.fuse_lists(dense_pos, dense_scores, bm25_pos, bm25_scores, mode, config, past)
 
 
 # The lexical lists that run beside a dense walk (one per concurrent search).
 _CHANNELS = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="tider-pg-lexical")
 
 
-def window_ranges(conn, row: MemoryRow, windows: tuple[Window, ...], cut: int) -> list[tuple[int, int]]:
-    """Half-open position ranges of the windows within the past, merged (``channels.id_ranges``)."""
+def window_ranges(conn, row: MemoryRow, windows: tuple[Window, ...], cut: int, gaps=NO_GAPS) -> list[tuple[int, int]]:
+    """Half-open dense position ranges of the windows within the past (``cut`` its stored
+    bound), merged (``channels.id_ranges``)."""
     rows = conn.execute(
         """SELECT
              coalesce((SELECT pos FROM tider_messages WHERE memory_id = %(m)s AND ts >= w.s ORDER BY ts, seq LIMIT 1),
@@ -181,18 +209,20 @@ def window_ranges(conn, row: MemoryRow, windows: tuple[Window, ...], cut: int) -
              coalesce((SELECT pos FROM tider_messages WHERE memory_id = %(m)s AND ts > w.e ORDER BY ts, seq LIMIT 1),
                       %(n)s)
            FROM unnest(%(starts)s::timestamp[], %(ends)s::timestamp[]) AS w(s, e)""",
-        {"m": row.id, "n": row.n, "starts": [w.start for w in windows], "ends": [w.end for w in windows]},
+        {"m": row.id, "n": row.span, "starts": [w.start for w in windows], "ends": [w.end for w in windows]},
     ).fetchall()
-    return merge_intervals((min(lo, cut), min(hi, cut)) for lo, hi in rows if min(hi, cut) > min(lo, cut))
+    dense = ((gaps.dense(min(lo, cut)), gaps.dense(min(hi, cut))) for lo, hi in rows)
+    return merge_intervals((int(lo), int(hi)) for lo, hi in dense if hi > lo)
 
 
-def messages_at(conn, row: MemoryRow, positions) -> list[Message]:
-    """The messages at ``positions`` (``Message.id`` = position), in that order."""
+def messages_at(conn, row: MemoryRow, positions, gaps=NO_GAPS) -> list[Message]:
+    """The messages at dense ``positions`` (``Message.id`` = that position), in that order."""
     from tider.memory.pg.views import ROW_COLUMNS, message_of
 
     wanted = [int(p) for p in positions]
+    stored = [int(p) for p in np.atleast_1d(gaps.stored(np.asarray(wanted, dtype=np.int64)))]
     rows = conn.execute(
-        f"SELECT pos, {ROW_COLUMNS} FROM tider_messages WHERE memory_id = %s AND pos = ANY(%s)", (row.id, wanted)
+        f"SELECT pos, {ROW_COLUMNS} FROM tider_messages WHERE memory_id = %s AND pos = ANY(%s)", (row.id, stored)
     ).fetchall()
-    by_pos = {r[0]: replace(message_of(r[1:]), id=r[0]) for r in rows}
-    return [by_pos[p] for p in wanted]
+    by_pos = {r[0]: message_of(r[1:]) for r in rows}
+    return [replace(by_pos[s], id=p) for p, s in zip(wanted, stored)]

@@ -15,9 +15,13 @@ Tables (one row per memory / message / posting / term / timeline cluster):
   delete or update (a reader's copy older than it cannot be extended by the rows added
   since: it is read again, ``tider.memory.pg.views``);
 - ``tider_messages``: the message, its vector (pgvector), ``seq`` (insertion order, a
-  bigserial) and ``pos``, its position in (timestamp, seq) order, kept dense (0 .. n-1) by
-  the adds, deletes and updates (``tider.memory.pg.manage``); a window is a ``ts`` range
-  on the ``(memory_id, ts, seq)`` index;
+  bigserial) and ``pos``, its stored position in (timestamp, seq) order: increasing, but
+  sparse once a delete left gaps; a window is a ``ts`` range on the ``(memory_id, ts,
+  seq)`` index;
+- ``tider_gaps``: the stored positions no message holds (left by deletes; the memory row's
+  ``gaps`` counts them). A message's position as the API reports it (``Message.id``, the
+  embedded store's) is its stored one less the gaps below it (``tider.memory.pg.gaps``), so
+  a delete writes what it deletes and never renumbers the rows after it;
 - ``tider_postings`` / ``tider_terms``: the BM25 inverted index (term frequency, document
   length and the message's position per posting, document frequency per term);
 - ``tider_timeline``: the event clusters (first position and centroid of each);
@@ -137,6 +141,17 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "ALTER TABLE tider_messages ADD COLUMN metadata jsonb NOT NULL DEFAULT '{}'",
             "CREATE INDEX tider_messages_metadata ON tider_messages USING gin (metadata jsonb_path_ops)",
             "CREATE INDEX tider_messages_session ON tider_messages (memory_id, session)",
+        ],
+    ),
+    (
+        6,
+        "sparse positions: a delete leaves its positions as gaps (tider_gaps) instead of renumbering the later rows",
+        [
+            """CREATE TABLE tider_gaps (
+                memory_id bigint NOT NULL REFERENCES tider_memories (id) ON DELETE CASCADE,
+                pos bigint NOT NULL,
+                PRIMARY KEY (memory_id, pos))""",
+            "ALTER TABLE tider_memories ADD COLUMN gaps bigint NOT NULL DEFAULT 0",
         ],
     ),
 ]

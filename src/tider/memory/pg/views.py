@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from tider.memory.pg.gaps import NO_GAPS, Gaps
 from tider.memory.pg.write import as_array
 from tider.types import Memory, Message
 
@@ -65,6 +66,7 @@ class MemoryView:
         self.name, self.granularity = name, granularity
         self._latest = Copy(-1, Memory(name, [], granularity), np.zeros(0, dtype=np.int64))
         self._lock = threading.Lock()
+        self._gaps: tuple[int, Gaps] = (-1, NO_GAPS)  # (version, its gaps)
 
     def at(self, conn, memory_id: int | None, version: int, rewritten: int = 0) -> Copy:
         """The copy at ``version`` (the snapshot ``conn`` reads), built from the newest one
@@ -116,7 +118,21 @@ class MemoryView:
             copy.carried = None
             return copy.vectors
 
-    def timeline(self, conn, memory_id: int | None, copy: Copy, embedder):
+    def gaps(self, conn, row):
+        """``row``'s gaps (``tider.memory.pg.gaps``), read once per version; none read while it counts 0."""
+        if not row.gaps:
+            return NO_GAPS
+        with self._lock:
+            cached = self._gaps
+        if cached[0] == row.version:
+            return cached[1]
+        gaps = Gaps.read(conn, row.id, row.gaps)
+        with self._lock:
+            if row.version >= self._gaps[0]:
+                self._gaps = (row.version, gaps)
+        return gaps
+
+    def timeline(self, conn, memory_id: int | None, copy: Copy, embedder, gaps=None):
         from tider.retrieval.timeline import Timeline
 
         with copy.lock:
@@ -133,7 +149,8 @@ class MemoryView:
             .fetchall()
         )
         centroids = np.stack([as_array(r[1]) for r in rows]) if rows else np.zeros((0, vectors.shape[1]))
-        timeline = Timeline(copy.memory, [int(r[0]) for r in rows], centroids, vectors, embedder)
+        starts = (gaps or NO_GAPS).dense(np.array([r[0] for r in rows], dtype=np.int64))
+        timeline = Timeline(copy.memory, [int(p) for p in starts], centroids, vectors, embedder)
         with copy.lock:
             copy.timeline = copy.timeline or timeline
             return copy.timeline

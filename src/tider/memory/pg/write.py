@@ -6,9 +6,11 @@ at a time in every process, while adds to other memories and all searches go on.
 1. keys the memory already holds are dropped (re-adding is a no-op); the insert is also
    ``ON CONFLICT (memory_id, key) DO NOTHING``, the unique key being the last word;
 2. the new messages get ``seq`` (a bigserial, so insertion order) and their positions in
-   (timestamp, seq) order: appended after the last one when none is older than the newest
-   stored message, else the positions from the first changed one on are renumbered in
-   the same transaction (the embedded store rebuilds its time-ordered views the same way);
+   (timestamp, seq) order: appended after the last stored position (gaps a delete left
+   included, ``tider.memory.pg.gaps``) when none is older than the newest stored message,
+   else the positions from the first changed one on are renumbered densely in the same
+   transaction, closing the gaps there (the embedded store rebuilds its time-ordered views
+   the same way);
 3. BM25 postings (term frequency, document length) and document frequencies are written,
    the long messages' chunk vectors, and the corpus statistics (message count, summed
    lengths) updated;
@@ -104,8 +106,8 @@ def existing_keys(conn, memory_id: int, keys: Sequence[str]) -> set[str]:
 def commit_add(conn, memory_id: int, fresh: Fresh, config: RetrievalConfig, embedding: dict) -> int:
     """Add ``fresh`` to memory ``memory_id`` in one transaction; returns how many were new."""
     with conn.transaction():
-        n, max_ts, dim = conn.execute(
-            "SELECT n_messages, max_ts, dim FROM tider_memories WHERE id = %s FOR UPDATE", (memory_id,)
+        n, gaps, max_ts, dim = conn.execute(
+            "SELECT n_messages, gaps, max_ts, dim FROM tider_memories WHERE id = %s FOR UPDATE", (memory_id,)
         ).fetchone()
         present = existing_keys(conn, memory_id, [m.key for m in fresh.messages])  # added meanwhile
         fresh = fresh.keep({m.key for m in fresh.messages} - present)
@@ -115,8 +117,9 @@ def commit_add(conn, memory_id: int, fresh: Fresh, config: RetrievalConfig, embe
             raise StoreError(f"memory {memory_id}: vectors of dimension {fresh.vectors.shape[1]}, it holds {dim}")
         oldest = min(m.timestamp for m in fresh.messages)
         in_order = max_ts is None or oldest >= max_ts
-        first_changed = n if in_order else _first_after(conn, memory_id, oldest)
-        placed = _insert_messages(conn, memory_id, fresh, n if in_order else None)
+        span = n + gaps  # stored positions in use, holes included: an in-order add appends there
+        first_changed = span if in_order else _first_after(conn, memory_id, oldest)
+        placed = _insert_messages(conn, memory_id, fresh, span if in_order else None)
         _insert_postings(conn, memory_id, fresh, placed)
         _insert_chunks(conn, memory_id, fresh, placed)
         if not in_order:
@@ -180,7 +183,8 @@ def _insert_messages(conn, memory_id: int, fresh: Fresh, append_at: int | None) 
 
 def _renumber(conn, memory_id: int, first_changed: int, oldest: datetime) -> None:
     """Positions from ``first_changed`` on: the stored messages later than ``oldest`` and
-    the new ones (-1), in (timestamp, seq) order; then their postings' copies."""
+    the new ones (-1), in (timestamp, seq) order, dense (the gaps there close); then their
+    postings' copies."""
     conn.execute(
         "UPDATE tider_messages m SET pos = r.p FROM (SELECT seq, %s + row_number() OVER (ORDER BY ts, seq) - 1 AS p "
         "FROM tider_messages WHERE memory_id = %s AND (ts > %s OR pos < 0)) r "
@@ -192,6 +196,9 @@ def _renumber(conn, memory_id: int, first_changed: int, oldest: datetime) -> Non
         "AND m.pos >= %s AND p.seq = m.seq AND p.pos <> m.pos",
         (memory_id, memory_id, first_changed),
     )
+    closed = conn.execute("DELETE FROM tider_gaps WHERE memory_id = %s AND pos >= %s", (memory_id, first_changed))
+    if closed.rowcount:
+        conn.execute("UPDATE tider_memories SET gaps = gaps - %s WHERE id = %s", (closed.rowcount, memory_id))
 
 
 def _insert_chunks(conn, memory_id: int, fresh: Fresh, placed: dict[str, tuple[int, int]]) -> None:
@@ -257,10 +264,17 @@ def extend_timeline(conn, memory_id: int, first_changed: int, fresh: Fresh, seqs
     vectors = np.stack([fresh.vectors[new_seqs[seq]] if vec is None else as_array(vec) for _, seq, _, vec in rows])
     clusters = cluster_messages([r[2] for r in rows], vectors.astype(np.float32), config.timeline)
     conn.execute("DELETE FROM tider_timeline WHERE memory_id = %s AND start_pos >= %s", (memory_id, start))
+    write_clusters(conn, memory_id, [rows[c[0]][0] for c in clusters], centroids(vectors.astype(np.float32), clusters))
+
+
+def write_clusters(conn, memory_id: int, starts, centres) -> None:
+    """Timeline rows: each cluster's first stored position and its centroid."""
+    if not len(starts):
+        return
     with conn.cursor().copy("COPY tider_timeline (memory_id, start_pos, centroid) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types(["int8", "int8", "vector"])
-        for c, centre in zip(clusters, centroids(vectors.astype(np.float32), clusters)):
-            copy.write_row((memory_id, start + c[0], centre))
+        for start, centre in zip(starts, centres):
+            copy.write_row((memory_id, int(start), centre))
 
 
 def hnsw_name(memory_id: int) -> str:
