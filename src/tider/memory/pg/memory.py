@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 
 import numpy as np
@@ -32,6 +31,7 @@ from tider.memory.pg import rank as sql
 from tider.memory.pg.config import PostgresConfig
 from tider.memory.pg.gaps import NO_GAPS
 from tider.memory.pg.pool import acquire, release
+from tider.memory.pg.snapshot import Snapshot, Snapshots
 from tider.memory.pg.views import MemoryView
 from tider.memory.pg.write import Fresh, bm25_terms, commit_add, existing_keys, hnsw_state, index_when_grown, memory_row
 from tider.memory.records import MemoryInputError, to_messages, version_of
@@ -39,14 +39,6 @@ from tider.memory.store import Ranking
 from tider.retrieval.config import RetrievalConfig
 from tider.retrieval.retriever import anchors, uses_windows
 from tider.types import Memory, Message, Query, WindowPrediction
-
-
-@dataclass
-class Snapshot:
-    """One read: a connection inside a read-only REPEATABLE READ transaction, and the memory's row."""
-
-    conn: object
-    row: sql.MemoryRow | None
 
 
 class PostgresMemory(MemoryBase):
@@ -79,7 +71,7 @@ class PostgresMemory(MemoryBase):
             raise
         self._granularity = stored[1] if stored else granularity
         super().__init__(source_options, locator, cache_elements)
-        self._local = threading.local()
+        self._snapshots = Snapshots(self.pool, name)
         self._view = MemoryView(name, self._granularity)
         self._released = False
         self._hnsw_ready = False
@@ -118,52 +110,12 @@ class PostgresMemory(MemoryBase):
         return self._embedder
 
     # -- reads: one snapshot per search ---------------------------------------------------
-    @contextlib.contextmanager
     def _read(self):
-        """This thread's snapshot, or a new one for the duration."""
-        current = getattr(self._local, "snapshot", None)
-        if current is not None:
-            yield current
-            return
-        with self.pool.connection() as conn:
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            try:
-                self._local.snapshot = Snapshot(conn, sql.MemoryRow.read(conn, self.name))
-                yield self._local.snapshot
-            finally:
-                self._local.snapshot = None
-                if not conn.closed:
-                    conn.execute("ROLLBACK")
+        """This thread's snapshot, or a new one for the duration (``tider.memory.pg.snapshot``)."""
+        return self._snapshots.read()
 
-    @contextlib.contextmanager
     def _side(self, snap: Snapshot, wanted: bool):
-        """``run(fn, *args)``: ``fn(connection, *args)`` on a second connection reading
-        ``snap``'s snapshot, for the lexical list to run beside the dense walk (its
-        transaction opens and closes in the caller's thread, off the walk's path); None
-        when not ``wanted`` or the pool has no connection free."""
-        if not wanted:
-            yield None
-            return
-        with self.pool.spare() as conn:
-            if conn is None:
-                yield None
-                return
-            from psycopg import sql as pgsql
-
-            exported = snap.conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
-            begin = pgsql.SQL("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}").format(
-                pgsql.Literal(exported)
-            )
-
-            def run(fn, *args):
-                conn.execute(begin)
-                try:
-                    return fn(conn, *args)
-                finally:
-                    if not conn.closed:
-                        conn.execute("ROLLBACK")
-
-            yield run
+        return self._snapshots.side(snap, wanted)
 
     def _reading(self):
         return self._read()
