@@ -32,7 +32,6 @@ vectors and index). Not run in CI.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import subprocess
@@ -47,9 +46,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
+from backend_changes import CHANGE_HEADER, change_phase, change_row, latency
 from benchlib import commit, hardware, load
-
-from tider.memory.files import StoreError
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2021, 1, 1)
@@ -133,10 +131,6 @@ def child_write(store: str, n: int) -> dict:
     return {"add_s": round(add_s, 2), "msgs_per_s": round(n / add_s, 1), "first_search_s": round(first, 2)}
 
 
-def latency(times: list[float]) -> dict:
-    return {"p50_ms": round(float(np.percentile(times, 50)), 2), "p95_ms": round(float(np.percentile(times, 95)), 2)}
-
-
 def child_search(store: str, n: int, count: int, changes: int) -> dict:
     queries = query_set(count)
     t0 = time.perf_counter()
@@ -156,47 +150,10 @@ def child_search(store: str, n: int, count: int, changes: int) -> dict:
             if mode == "none":
                 out["top20"].append(hits.ids)
         out[mode] = latency(times)
-    out["changes"] = change_phase(mem, n, queries, changes)
+    out["changes"] = change_phase(mem, n, queries, changes, DIM, T0)
     out["load_1min"] = load()
     mem.close()
     return out
-
-
-def change_phase(mem, n: int, queries: list[dict], rounds: int) -> dict:
-    """``rounds`` rounds of: add one message after the newest, then search (what an agent
-    does next); update one old message's text, search; delete one of the newest, search;
-    delete one of the oldest (every later position moves), search. Each round's search is
-    compared with the plain search p50 of the same process."""
-    rng = np.random.default_rng(7)
-    rows: dict[str, list[float]] = {"add": [], "search_after_add": [], "update": [], "search_after_update": []}
-    rows.update(delete=[], search_after_delete=[], delete_oldest=[], search_after_delete_oldest=[])
-    failed: dict[str, str] = {}
-    for i in range(rounds):
-        q = queries[i % len(queries)]
-        vec = rng.normal(size=(1, DIM)).astype(np.float32)
-        now = T0 + timedelta(days=3 * 365, minutes=i)  # an agent adds what just happened
-        new = {"key": f"new-{i}", "text": f"w{100 + i} w{200 + i} fresh", "timestamp": now.isoformat()}
-        vec = vec / np.linalg.norm(vec)
-        changes = (  # each round updates and deletes other messages of the corpus
-            ("add", functools.partial(mem.add, [new], vectors=vec)),
-            ("update", functools.partial(mem.update, str(7 * i), text=f"w{300 + i} changed")),
-            ("delete", functools.partial(mem.delete, [str(n - 1 - 7 * i)])),
-            ("delete_oldest", functools.partial(mem.delete, [str(7 * i + 3)])),
-        )
-        for kind, change in changes:
-            if kind in failed:  # once a statement timeout: the same change again would be one too
-                continue
-            t = time.perf_counter()
-            try:
-                change()
-            except StoreError as err:  # e.g. PostgreSQL's statement timeout: what a user gets (503)
-                failed[kind] = f"after {time.perf_counter() - t:.0f} s: {str(err)[-160:]}"
-                continue
-            rows[kind].append(1e3 * (time.perf_counter() - t))
-            t = time.perf_counter()
-            mem.search(q["text"], asked_at=q["asked_at"], windows="none", query_vector=q["vector"], k=20)
-            rows[f"search_after_{kind}"].append(1e3 * (time.perf_counter() - t))
-    return {k: latency(v) if v else {"failed": failed.get(k.removeprefix("search_after_"))} for k, v in rows.items()}
 
 
 def run_child(role: str, store: str, n: int, count: int, changes: int = 0) -> dict:
@@ -327,32 +284,6 @@ def lexical_comparison(url: str) -> dict:
             "s": round(time.perf_counter() - t0, 1),
         }
     return out
-
-
-CHANGE_HEADER = (
-    "| messages | backend | add one, p50 (ms) | search right after, p50 (ms) / plain search p50 "
-    "| update one, p50 (ms) / add | delete one, p50 (ms) / add | delete an oldest, p50 (ms) / add "
-    "| search after an update / delete, p50 (ms) |"
-)
-
-
-def change_row(n: int, backend: str, r: dict) -> str:
-    c, plain = r["changes"], r["none"]["p50_ms"]
-    add = c["add"]["p50_ms"]
-
-    def cost(kind: str, per: float, digits: int = 1) -> str:  # a failed change (statement timeout): its error
-        row = c[kind]
-        return (
-            f"failed {row['failed'].split(':')[0]}"
-            if "failed" in row
-            else f"{row['p50_ms']} / {row['p50_ms'] / per:.{digits}f}x"
-        )
-
-    return (
-        f"| {n:,} | {backend} | {add} | {cost('search_after_add', plain, 2)} | "
-        f"{cost('update', add)} | {cost('delete', add)} | {cost('delete_oldest', add)} | "
-        f"{c['search_after_update'].get('p50_ms')} / {c['search_after_delete'].get('p50_ms')} |"
-    )
 
 
 def markdown(results: dict) -> str:
