@@ -2,8 +2,9 @@
 (tests/slurm_shim: `sbatch`, `srun`, `scontrol` that run each node's step as local
 processes; the "nodes" are loopback addresses of this machine). At test size on CPU: the
 tiny Qwen3 stands in for Qwen3-1.7B, a "GPU" is a CPU process (GPUS_PER_NODE), and the
-accelerate config is `ddp`, which runs on CPU ranks (gloo) where `zero2` needs CUDA. The
-recipe overrides are trainer arguments after the accelerate config, as a user passes them.
+accelerate config is the recipes' own `zero2`: DeepSpeed picks its CPU accelerator and gloo
+(the ranks log DistributedType.DEEPSPEED). The recipe overrides are trainer arguments after
+the accelerate config, as a user passes them.
 
 - 1 node SFT (configs/sft/qwen3-1.7b.yaml): its log opens, a step runs, eval and save fire.
 - 1 node GRPO, vLLM colocated (configs/grpo/qwen3-1.7b.yaml): train.slurm serves the reader
@@ -86,7 +87,7 @@ def production_sft(tiny_sft, recipe_work, recipe_data):
         1,
         "sft",
         "configs/sft/qwen3-1.7b.yaml",
-        "ddp",
+        "zero2",  # the recipes' DeepSpeed config: DeepSpeed's CPU accelerator runs it (gloo)
         "--model_name_or_path",
         str(recipe_work / "base"),
         "--output_dir",
@@ -107,6 +108,7 @@ def production_sft(tiny_sft, recipe_work, recipe_data):
 def test_sft_one_node(production_sft):
     out, log = production_sft
     assert "sft: trainers on 127.0.0.1 (1 GPUs each)" in log
+    assert "sft: process 0 of 1 (DistributedType.DEEPSPEED)" in (out / "logs" / "rank0.log").read_text()
     settings = json.loads((out / "tider_locator.json").read_text())["prompt_settings"]
     assert settings["lines"]["max_lines"] == 30 and settings["max_prompt_tokens"] == 3584  # the recipe's
     assert steps(out) == [1]
@@ -115,10 +117,11 @@ def test_sft_one_node(production_sft):
     assert (out / "checkpoint-1" / "trainer_state.json").exists()
 
 
-def grpo_job(recipe: str, start: Path, out: Path, recipe_data: Path) -> list[str]:
-    """train.slurm's arguments for one GRPO step of ``recipe`` from ``start`` at test size."""
+def grpo_job(recipe: str, start: Path, out: Path, recipe_data: Path, accel: str = "zero2") -> list[str]:
+    """train.slurm's arguments for one GRPO step of ``recipe`` from ``start`` at test size,
+    under the accelerate config ``accel`` (the recipes' ``zero2`` unless said)."""
     overrides = ["--model_name_or_path", str(start), "--output_dir", str(out), "--max_steps", "1", "--use_cpu", "true"]
-    return ["grpo", recipe, "ddp", *overrides, *data_args(recipe_data), *COMMON]
+    return ["grpo", recipe, accel, *overrides, *data_args(recipe_data), *COMMON]
 
 
 def test_grpo_one_node_colocate_with_the_launchers_reader(production_sft, recipe_work, recipe_data, tiny_qwen3_dir):
@@ -133,7 +136,8 @@ def test_grpo_one_node_colocate_with_the_launchers_reader(production_sft, recipe
     )
     assert status == 0, log[-6000:]
     assert "grpo: trainers on 127.0.0.1 (1 GPUs each)" in log  # one of the node's 2 kept for the reader
-    assert "answered a probe" in (out / "logs" / "rank0.log").read_text()
+    rank0 = (out / "logs" / "rank0.log").read_text()
+    assert "answered a probe" in rank0 and "grpo: process 0 of 1 (DistributedType.DEEPSPEED)" in rank0
     [logged] = [h for h in history(out) if "loss" in h]
     assert "sampling/sampling_logp_difference/mean" in logged, sorted(logged)  # vLLM generated in the trainer
     assert logged["reader/calls"] > 0 and logged["reader/failures"] == 0, logged
