@@ -45,7 +45,7 @@ def call(service, method: str, path: str, key: str = ADMIN, **kw) -> httpx.Respo
 def search_ids(service, name: str, text: str, key: str = ADMIN) -> list[str]:
     r = call(service, "POST", f"/memories/{name}/search", key, json={"text": text, "k": 10})
     assert r.status_code == 200, r.text
-    return [h["id"] for h in r.json()["hits"]]
+    return [h["key"] for h in r.json()["hits"]]
 
 
 def test_add_get_update_search_delete(served):
@@ -61,7 +61,7 @@ def test_add_get_update_search_delete(served):
     moved = call(served, "PATCH", "/memories/alice.chat/messages/m3", json={"timestamp": "2024-01-01T08:00:00+02:00"})
     assert moved.json()["timestamp"] == "2024-01-01T06:00:00"
     listed = call(served, "GET", "/memories/alice.chat/messages").json()
-    assert [m["id"] for m in listed["messages"]] == ["m3", "m1", "m2", "m4"] and listed["next_offset"] is None
+    assert [m["key"] for m in listed["messages"]] == ["m3", "m1", "m2", "m4"] and listed["next_offset"] is None
 
     assert call(served, "DELETE", "/memories/alice.chat/messages/m3").json() == {"deleted": ["m3"]}
     assert call(served, "GET", "/memories/alice.chat/messages/m3").status_code == 404
@@ -78,10 +78,11 @@ def test_list_pages_and_delete_by_range_or_all(served):
     second = call(served, "GET", "/memories/alice.pages/messages", params={"limit": 5, "offset": 5}).json()
     third = call(served, "GET", "/memories/alice.pages/messages", params={"limit": 5, "offset": 10}).json()
     assert (first["next_offset"], second["next_offset"], third["next_offset"]) == (5, 10, None)
-    assert [m["id"] for m in first["messages"] + second["messages"] + third["messages"]] == [f"p{i}" for i in range(12)]
+    paged = first["messages"] + second["messages"] + third["messages"]
+    assert [m["key"] for m in paged] == [f"p{i}" for i in range(12)]
     window = {"start": "2024-05-03T00:00:00", "end": "2024-05-05T23:59:59"}
     in_range = call(served, "GET", "/memories/alice.pages/messages", params=window).json()["messages"]
-    assert [m["id"] for m in in_range] == ["p2", "p3", "p4"]
+    assert [m["key"] for m in in_range] == ["p2", "p3", "p4"]
     assert call(served, "POST", "/memories/alice.pages/delete", json=window).json() == {"deleted": ["p2", "p3", "p4"]}
     assert call(served, "POST", "/memories/alice.pages/delete", json={"keys": ["p0", "nope"]}).json() == {
         "deleted": ["p0"]
@@ -146,7 +147,7 @@ def test_control_characters_are_stored_the_same_way_on_both(served, key):
     r = call(served, "PATCH", f"/memories/alice.{key}/messages/{key}", json={"text": text + " again"})
     assert r.status_code == 200 and r.json()["text"] == clean + " again", r.text
     r = call(served, "POST", f"/memories/alice.{key}/search", json={"text": text, "k": 3})
-    assert r.status_code == 200 and r.json()["hits"][0]["id"] == key, r.text
+    assert r.status_code == 200 and r.json()["hits"][0]["key"] == key, r.text
 
 
 def test_a_lone_surrogate_is_the_same_422_on_both(served):
@@ -232,7 +233,7 @@ def test_one_search_over_several_memories_inside_the_read_grant(served):
     assert r.status_code == 200, r.text
     got = r.json()
     assert sorted(got["memories"]) == ["alice.multi-home", "alice.multi-work"]
-    assert got["hits"][0]["memory"] == "alice.multi-work" and got["hits"][0]["id"] == "k1"
+    assert got["hits"][0]["memory"] == "alice.multi-work" and got["hits"][0]["key"] == "k1"
     assert all(h["memory"].startswith("alice.multi-") for h in got["hits"])
     scores = [h["score"] for h in got["hits"]]
     assert scores == sorted(scores, reverse=True)
@@ -293,7 +294,7 @@ def test_filters_on_session_speaker_and_metadata_in_search_list_and_delete(serve
         body = {"text": "which venue?", "k": 10, "filters": filters}
         r = call(served, "POST", "/memories/alice.filters/search", json=body)
         assert r.status_code == 200, r.text
-        return sorted(h["id"] for h in r.json()["hits"])
+        return sorted(h["key"] for h in r.json()["hits"])
 
     assert search({"speaker": "ana"}) == ["f1", "f3"]
     assert search({"session": ["s1", "s2"], "speaker": "bo"}) == ["f2"]
@@ -305,11 +306,11 @@ def test_filters_on_session_speaker_and_metadata_in_search_list_and_delete(serve
     listed = call(
         served, "GET", "/memories/alice.filters/messages", params={"session": "s2", "metadata": '{"vip": true}'}
     )
-    assert [m["id"] for m in listed.json()["messages"]] == ["f3"]
+    assert [m["key"] for m in listed.json()["messages"]] == ["f3"]
     assert call(served, "GET", "/memories/alice.filters/messages", params={"metadata": "{oops"}).status_code == 422
 
     gone = call(served, "POST", "/memories/alice.filters/delete", json={"filters": {"metadata": {"team": "ops"}}})
     assert gone.json() == {"deleted": ["f1", "f2"]}
-    assert [m["id"] for m in call(served, "GET", "/memories/alice.filters/messages").json()["messages"]] == ["f3"]
+    assert [m["key"] for m in call(served, "GET", "/memories/alice.filters/messages").json()["messages"]] == ["f3"]
     patched = call(served, "PATCH", "/memories/alice.filters/messages/f3", json={"metadata": {"vip": False}})
     assert patched.json()["metadata"] == {"vip": False} and patched.json()["text"].endswith("Faro")

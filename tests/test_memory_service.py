@@ -77,7 +77,7 @@ def test_key_required_add_then_search(server):
         == 401
     )
     r = httpx.post(f"{server}/memories/team/messages", json={"messages": MESSAGES}, headers=AUTH, timeout=120)
-    assert r.status_code == 200 and r.json() == {"ids": ["m1", "m2", "m3", "m4"]}
+    assert r.status_code == 200 and r.json() == {"keys": ["m1", "m2", "m3", "m4"]}
     assert "team" in httpx.get(f"{server}/memories", headers=AUTH).json()["memories"]
     assert httpx.get(f"{server}/health", headers=AUTH).json() == {"status": "ok"}  # names no memory, key or not
     r = httpx.post(
@@ -88,9 +88,9 @@ def test_key_required_add_then_search(server):
     )
     body = r.json()
     assert r.status_code == 200 and body["prediction"] == {"temporal": False, "windows": []}
-    assert {h["id"] for h in body["hits"]} == {"m1", "m2", "m3"}  # m4 is after asked_at
-    assert set(body["hits"][0]) == {"id", "text", "timestamp", "speaker", "score"}
-    assert [h["timestamp"] for h in body["hits"] if h["id"] == "m2"] == ["2024-02-02T08:30:00"]  # stored as UTC
+    assert {h["key"] for h in body["hits"]} == {"m1", "m2", "m3"}  # m4 is after asked_at
+    assert set(body["hits"][0]) == {"key", "text", "timestamp", "speaker", "score"}
+    assert [h["timestamp"] for h in body["hits"] if h["key"] == "m2"] == ["2024-02-02T08:30:00"]  # stored as UTC
     r = httpx.post(
         f"{server}/memories/team/search", headers=AUTH, json={"text": "offsite", "windows": "timeline"}, timeout=60
     )  # builds the timeline

@@ -3,9 +3,9 @@
 ```
 GET  /health                       {"status": "ok"} (200) | {"status": "unavailable"} (503); no key needed
 GET  /memories                     {"memories": [...]}
-POST /memories/{name}/messages     {"messages": [...]}                 -> {"ids": [...]}
+POST /memories/{name}/messages     {"messages": [...]}                 -> {"keys": [...]}
 POST /memories/{name}/search       {"text", "asked_at", "user", "k", "windows"}
-                                   -> {"hits": [{"id", "text", "timestamp", "speaker", "score"}],
+                                   -> {"hits": [{"key", "text", "timestamp", "speaker", "score"}],
                                        "prediction": {"temporal", "windows": [{"start", "end"}]},
                                        "window_source": "rules" | "none (locator failed: ...)"}
 GET  /openapi.json, /docs          the schema, generated from the models below
@@ -102,7 +102,7 @@ class AddRequest(BaseModel):
 
 
 class AddResponse(BaseModel):
-    ids: list[str]
+    keys: list[str] = Field(description="the messages' keys, in the order given (re-adding a key changes nothing)")
 
 
 class BodyLimit:
@@ -289,7 +289,7 @@ def _add_routes(app: APIRouter, backend, memory) -> None:
     @app.post("/memories/{name:memory}/messages", response_model=AddResponse)
     def add(body: AddRequest, name: str = WRITES) -> AddResponse:
         try:
-            return AddResponse(ids=_added(memory, name, [m.model_dump(exclude_none=True) for m in body.messages]))
+            return AddResponse(keys=_added(memory, name, [m.model_dump(exclude_none=True) for m in body.messages]))
         except MemoryInputError as err:
             raise _input_error(err) from None
 

@@ -38,7 +38,7 @@ KEY = PathParam(min_length=1, max_length=256, description="the message's key")
 
 
 class MessageOut(BaseModel):
-    id: str = Field(description="the message's key")
+    key: str = Field(description="the message's key, as it was added")
     text: str
     timestamp: str
     speaker: str
@@ -54,7 +54,7 @@ class MessageOut(BaseModel):
     @classmethod
     def of(cls, m: Message) -> MessageOut:
         return cls(
-            id=m.key,
+            key=m.key,
             version=version_of(m),
             text=m.text,
             timestamp=m.timestamp.isoformat(),

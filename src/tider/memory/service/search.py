@@ -45,7 +45,7 @@ class SearchRequest(BaseModel):
 
 
 class Hit(BaseModel):
-    id: str
+    key: str = Field(description="the message's key, as it was added")
     text: str
     timestamp: str
     speaker: str
@@ -212,7 +212,7 @@ def _search(mem, body: SearchRequest, name: str, input_error, cosines: dict | No
     prediction = hits.prediction.to_json(g) if hits.prediction.temporal else {"temporal": False, "windows": []}
     return SearchResponse(
         hits=[
-            Hit(id=m.key, text=m.text, timestamp=m.timestamp.isoformat(), speaker=m.speaker, score=s)
+            Hit(key=m.key, text=m.text, timestamp=m.timestamp.isoformat(), speaker=m.speaker, score=s)
             for m, s in zip(hits.messages, hits.scores)
         ],
         prediction=PredictionOut(**prediction),
