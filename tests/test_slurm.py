@@ -13,7 +13,8 @@ the accelerate config, as a user passes them.
 - 3 nodes GRPO, vLLM server (configs/grpo/qwen3-1.7b-multinode.yaml): the policy server and
   the reader on the last node, two trainer ranks on the others, data prepared once (rank 0).
   Weight sync is where CPU stops: TRL pushes weights through vLLM's NCCL engine, which
-  needs CUDA, and the trainers must fail with that reason after connecting.
+  needs CUDA, and the trainers must fail with that reason after connecting: each has had a
+  completion generated through the policy server (TRL's client) and rank 0 a reader answer.
 """
 
 from __future__ import annotations
@@ -224,6 +225,10 @@ def test_grpo_three_nodes_server_mode(production_sft, recipe_work, recipe_data, 
     # the exact call that failed is the weight-sync channel's setup, nothing before it
     assert "the call that failed: vllm_client.py:init_communicator" in log, log[-6000:]
     assert "connected to the vLLM server" in log
+    # before it: generation through the policy server (TRL's client, every rank) and the
+    # reader's probe answer (rank 0 scores rewards with it)
+    probe = re.compile(r"the vLLM server generated a probe: [1-9]\d* tokens")
+    assert all(probe.search(t) for t in ranks.values()), ranks[0][-3000:]
 
 
 def tider_cli(*args: str) -> subprocess.CompletedProcess:

@@ -175,6 +175,7 @@ def vllm_server_connection(training_args):
     )
     waited = wait_until_ready(base.rstrip("/") + "/v1", training_args.vllm_server_timeout)
     logger.info("connected to the vLLM server at %s (waited %.1f s)", base, waited)
+    logger.info("the vLLM server generated a probe: %d tokens through TRL's client", probe_generation(base))
     try:
         yield
     except Exception as exc:
@@ -185,6 +186,15 @@ def vllm_server_connection(training_args):
             f"(TRL uses vLLM's NCCL weight-transfer engine; the call that failed: {failed_call(exc)}); "
             f"on CPU use vllm_mode: colocate ({type(exc).__name__}: {exc})"
         ) from exc
+
+
+def probe_generation(base: str) -> int:
+    """One completion through TRL's client, the request the trainer sends every step, before
+    the weight-sync channel opens: a server that cannot generate fails here, by name."""
+    from trl.generation.vllm_client import VLLMClient
+
+    out = VLLMClient(base_url=base, connection_timeout=10).generate(["2023-01-01"], max_tokens=4, temperature=0.0)
+    return len(out["completion_ids"][0])
 
 
 def failed_call(exc: BaseException) -> str:
