@@ -62,6 +62,33 @@ def real_table(results: dict) -> list[str]:
     return lines
 
 
+def floor_table(results: dict) -> list[str]:
+    """bench/bench_floor.py's results: recall@20 (hit_all@20) of the learning-free sources
+    per dataset, every question, and the seconds each memory took to index."""
+    windows = ("none", "rules", "top-days")
+    lines = [
+        "| dataset, questions | " + " | ".join(f"`{w}`" for w in windows) + " | index s per memory (mean / max) |",
+        "|---|" + "---|" * (len(windows) + 1),
+    ]
+    for key, label in SETS:
+        row = results["sets"].get(key)
+        if row is None:
+            continue
+        recall, hit, build = row["recall@20"], row["hit_all@20"], row["index_build_s"]
+        best = _best(recall, windows)
+        cells = [f"{short(recall[w])} ({short(hit[w])})" for w in windows]
+        cells = [f"**{c}**" if w == best else c for w, c in zip(windows, cells)]
+        timing = f"{build['mean']:.2f} / {build['max']:.2f} ({build['memories']} memories)"
+        lines.append(f"| {label}, {row['n_queries']} | " + " | ".join(cells) + f" | {timing} |")
+    runs = [
+        f"{label} at `{row['commit']}` (load {row['load_1min']}, {row['wall_s']:.0f} s)"
+        for key, label in SETS
+        if (row := results["sets"].get(key))
+    ]
+    lines += ["", "Each row is one `tider eval retrieval` process: " + "; ".join(runs) + "."]
+    return lines
+
+
 def stamp(path: str, script: str, results: dict) -> str:
     minutes = results.get("timings_s", {}).get("total_s")
     took = f", {minutes / 60:.0f} min" if minutes else ""
@@ -73,6 +100,7 @@ def stamp(path: str, script: str, results: dict) -> str:
 # name: (results file, how its table is made, the script that writes the file)
 TABLES: dict[str, tuple[str, Callable[[dict], list[str]], str]] = {
     "real": ("bench/results/bench_real_test.json", real_table, "bench/bench_real.py"),
+    "floor": ("bench/results/retrieval_floor.json", floor_table, "bench/bench_floor.py"),
 }
 
 
