@@ -299,15 +299,15 @@ def test_two_services_share_one_memory(postgres):
         assert httpx.get(f"{b}/health").json() == {"status": "ok"}
         assert httpx.get(f"{a}/memories").status_code == 401
         r = httpx.post(f"{a}/memories/team/messages", json={"messages": MESSAGES[:3]}, headers=auth, timeout=120)
-        assert r.status_code == 200 and r.json() == {"ids": ["m1", "m2", "m3"]}
+        assert r.status_code == 200 and r.json() == {"keys": ["m1", "m2", "m3"]}
         found = httpx.post(
             f"{b}/memories/team/search", json={"text": "offsite", "k": 5}, headers=auth, timeout=120
         ).json()
-        assert {h["id"] for h in found["hits"]} == {"m1", "m2", "m3"}
+        assert {h["key"] for h in found["hits"]} == {"m1", "m2", "m3"}
         r = httpx.post(f"{b}/memories/team/messages", json={"messages": MESSAGES}, headers=auth, timeout=120)
-        assert r.status_code == 200 and r.json()["ids"] == ["m1", "m2", "m3", "m4"]  # three were there: no-ops
+        assert r.status_code == 200 and r.json()["keys"] == ["m1", "m2", "m3", "m4"]  # three were there: no-ops
         found = httpx.post(f"{a}/memories/team/search", json={"text": "Porto vote", "k": 1}, headers=auth, timeout=60)
-        assert [h["id"] for h in found.json()["hits"]] == ["m4"]
+        assert [h["key"] for h in found.json()["hits"]] == ["m4"]
         assert httpx.get(f"{b}/memories", headers=auth).json() == {"memories": ["team"]}
         assert httpx.get(f"{a}/health", headers=auth).json() == {"status": "ok"}
     finally:

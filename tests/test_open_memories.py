@@ -20,7 +20,7 @@ def test_the_least_recently_used_memory_is_closed_and_reopens_whole(tmp_path):
         # m1 is closed: its store is released, so another process could open it now
         TemporalMemory(tmp_path / "stores" / "m1").close()
         hits = client.post("/memories/m1/search", json={"text": "offsite budget", "k": 2}).json()["hits"]
-        assert hits and hits[0]["id"] == "m2"  # reopened whole: "The offsite budget is 20k"
+        assert hits and hits[0]["key"] == "m2"  # reopened whole: "The offsite budget is 20k"
         assert client.app.state.memories.names() == ["m3", "m1"]
 
 
