@@ -64,10 +64,11 @@ def real_table(results: dict) -> list[str]:
 
 def floor_table(results: dict) -> list[str]:
     """bench/bench_floor.py's results: recall@20 (hit_all@20) of the learning-free sources
-    per dataset, every question, and the seconds each memory took to index."""
+    per dataset, every question; the seconds each memory took to index, and where the row ran
+    (a run of some sets keeps the others' rows)."""
     windows = ("none", "rules", "top-days")
     lines = [
-        "| dataset, questions | " + " | ".join(f"`{w}`" for w in windows) + " | index s per memory (mean / max) |",
+        "| dataset, questions | " + " | ".join(f"`{w}`" for w in windows) + " | index s per memory: mean / p50 / max |",
         "|---|" + "---|" * (len(windows) + 1),
     ]
     for key, label in SETS:
@@ -78,15 +79,10 @@ def floor_table(results: dict) -> list[str]:
         best = _best(recall, windows)
         cells = [f"{short(recall[w])} ({short(hit[w])})" for w in windows]
         cells = [f"**{c}**" if w == best else c for w, c in zip(windows, cells)]
-        timing = f"{build['mean']:.2f} / {build['max']:.2f} ({build['memories']} memories)"
+        ran = f"`{row['commit']}`, load {row['load_1min']}"
+        timing = f"{build['mean']:.2f} / {build['p50']:.2f} / {build['max']:.2f} ({build['memories']}; {ran})"
         lines.append(f"| {label}, {row['n_queries']} | " + " | ".join(cells) + f" | {timing} |")
-    runs = [
-        f"{label} at `{row['commit']}` (load {row['load_1min']}, {row['wall_s']:.0f} s)"
-        for key, label in SETS
-        if (row := results["sets"].get(key))
-    ]
-    lines += ["", "Each row is one `tider eval retrieval` process: " + "; ".join(runs) + "."]
-    return lines
+    return [*lines, ""]
 
 
 def stamp(path: str, script: str, results: dict) -> str:
