@@ -148,7 +148,7 @@ def child_search(store: str, n: int, count: int, changes: int) -> dict:
             hits = mem.search(q[text], asked_at=q["asked_at"], windows=mode, query_vector=q["vector"], k=20)
             times.append(1e3 * (time.perf_counter() - t))
             if mode == "none":
-                out["top20"].append(hits.ids)
+                out["top20"].append(hits.keys)
         out[mode] = latency(times)
     out["changes"] = change_phase(mem, n, queries, changes, DIM, T0)
     out["load_1min"] = load()

@@ -145,7 +145,7 @@ def compare(a, b, scores: np.ndarray) -> tuple[bool, bool, bool]:
     """Same top-k set; same order; same exact scores at every rank (ties count as equal:
     the synthetic benchmark repeats texts, so exact ties are common there)."""
     same_scores = np.allclose(np.sort(scores[a.positions]), np.sort(scores[b.positions]), rtol=1e-6, atol=1e-7)
-    return set(a.ids) == set(b.ids), a.ids == b.ids, bool(same_scores) and len(a.ids) == len(b.ids)
+    return set(a.keys) == set(b.keys), a.keys == b.keys, bool(same_scores) and len(a.keys) == len(b.keys)
 
 
 def agreement(mem, queries, windows: str, k: int) -> dict:

@@ -87,7 +87,7 @@ def test_the_tail_of_a_long_message_is_found_only_with_chunks(embedder, exact):
         mem = TemporalMemory(None, config=config, embedder=embedder)
         mem.add(msgs)
         hits = mem.search(QUESTION, k=len(msgs), semantic="dense", exact=exact)
-        ranks[config.embed_chunking] = hits.ids.index("long")
+        ranks[config.embed_chunking] = hits.keys.index("long")
     assert ranks == {"window": 0, "none": ranks["none"]} and ranks["none"] >= 5
 
 
@@ -105,7 +105,7 @@ def test_chunks_persist_through_reopening_and_segment_merges(embedder, tmp_path)
         long = mem.messages().messages[:1]
         assert mem.state.chunks.n == len(message_chunks(embedder, long, WINDOW.embed_template)[0]) > 0
         again = mem.search(QUESTION, k=5, semantic="dense")
-    assert again.ids == first.ids and again.ids[0] == "long" and np.allclose(again.scores, first.scores)
+    assert again.keys == first.keys and again.keys[0] == "long" and np.allclose(again.scores, first.scores)
 
 
 @pytest.fixture(params=["directory", "postgresql"])
@@ -132,9 +132,9 @@ def test_both_backends_rank_long_messages_alike(embedder, tmp_path, request):
         finally:
             backend.close()
     embedded, database = results.values()
-    assert embedded[0].ids[0] == database[0].ids[0] == "long"
+    assert embedded[0].keys[0] == database[0].keys[0] == "long"
     for a, b in zip(embedded, database):
-        assert a.ids == b.ids
+        assert a.keys == b.keys
         assert np.allclose(a.scores, b.scores, atol=1e-5)
 
 
@@ -145,7 +145,7 @@ def test_a_store_without_chunks_is_refused_then_reindexed(embedder, store):
         with backend.open("chat", config=NO_CHUNKS, embedder=embedder) as mem:
             mem.add(msgs)
             vectors = mem.vectors_by_position()
-            assert mem.search(QUESTION, k=5, semantic="dense").ids[0] != "long"
+            assert mem.search(QUESTION, k=5, semantic="dense").keys[0] != "long"
         with pytest.raises(StoreError, match=r"embed_chunking='none', opened with 'window'.*tider memory reindex"):
             backend.open("chat", config=WINDOW, embedder=embedder)
         done = reindex(backend, "chat", embedder=embedder)
@@ -153,7 +153,7 @@ def test_a_store_without_chunks_is_refused_then_reindexed(embedder, store):
         with backend.open("chat", config=WINDOW, embedder=embedder) as mem:
             assert [m.key for m in mem.messages()] == [m["key"] for m in msgs]
             assert np.allclose(mem.vectors_by_position(), vectors, atol=1e-6)  # each message's own vector kept
-            assert mem.search(QUESTION, k=5, semantic="dense").ids[0] == "long"
+            assert mem.search(QUESTION, k=5, semantic="dense").keys[0] == "long"
     finally:
         backend.close()
 

@@ -147,7 +147,7 @@ def test_another_embedder_is_refused_and_reindex_re_embeds(store):
         with backend.open("chat", config=fake, embedder=FakeEmbedder()) as mem:
             assert len(mem) == 30 and not np.allclose(mem.vectors_by_position(), vecs)
             hits = mem.search(msgs[5]["text"], k=3, semantic="dense")
-            assert hits.ids[0] == "m5"  # the query embeds as the message did
+            assert hits.keys[0] == "m5"  # the query embeds as the message did
     finally:
         backend.close()
 

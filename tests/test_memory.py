@@ -74,7 +74,7 @@ def queries(n: int = 12, seed: int = 1):
 
 def answers(mem: TemporalMemory, exact: bool) -> list:
     return [
-        (h.ids, h.scores)
+        (h.keys, h.scores)
         for text, asked, vec, win in queries()
         for h in [mem.search(text, asked_at=asked, windows=win, query_vector=vec, exact=exact, k=10)]
     ]
@@ -129,8 +129,8 @@ def test_nothing_after_asked_at(tmp_path):
         for text, asked, vec, _ in queries():
             for windows in (NON_TEMPORAL, everything):
                 hits = mem.search(text, asked_at=asked, windows=windows, query_vector=vec, k=50)
-                assert hits.ids and all(m.timestamp <= asked for m in hits.messages)
-        assert mem.search("budget", asked_at=T0 - timedelta(days=1), query_vector=vecs[0]).ids == []
+                assert hits.keys and all(m.timestamp <= asked for m in hits.messages)
+        assert mem.search("budget", asked_at=T0 - timedelta(days=1), query_vector=vecs[0]).keys == []
     off = TemporalMemory(None, config=RetrievalConfig(past_only=False), embedder=NoEmbedder())
     off.add(msgs, vectors=vecs)
     hits = off.search("budget", asked_at=T0, query_vector=vecs[0], k=50)

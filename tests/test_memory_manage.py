@@ -36,20 +36,20 @@ def test_update_then_delete_through_every_index(embedder, tmp_path):
     mem = TemporalMemory(tmp_path / "chat", config=config, embedder=embedder)
     mem.add(msgs)
     assert mem.get("m7").text == msgs[7]["text"] and mem.get("nope") is None
-    assert mem.search("zeppelin", k=1).ids == ["m7"]
+    assert mem.search("zeppelin", k=1).keys == ["m7"]
 
     stored = mem.update("m7", text="we booked the kayak tour for the offsite")
     assert stored.key == "m7" and stored.text.startswith("we booked the kayak") and len(mem) == 40
-    assert mem.search("kayak", k=1).ids == ["m7"]
+    assert mem.search("kayak", k=1).keys == ["m7"]
     assert all("zeppelin" not in m.text for m in mem.search("zeppelin", k=40).messages)
-    assert mem.search("kayak", k=1, semantic="hybrid").ids == ["m7"]  # the vector was re-embedded too
+    assert mem.search("kayak", k=1, semantic="hybrid").keys == ["m7"]  # the vector was re-embedded too
 
     assert mem.delete(["m7", "not-there"]) == ["m7"] and len(mem) == 39
-    assert mem.get("m7") is None and "m7" not in mem.search("kayak", k=39).ids
+    assert mem.get("m7") is None and "m7" not in mem.search("kayak", k=39).keys
     mem.close()
     assert b"kayak" not in store_bytes(tmp_path / "chat") and b"zeppelin" not in store_bytes(tmp_path / "chat")
     with TemporalMemory(tmp_path / "chat", embedder=embedder) as again:
-        assert len(again) == 39 and again.get("m7") is None and "m7" not in again.search("kayak", k=39).ids
+        assert len(again) == 39 and again.get("m7") is None and "m7" not in again.search("kayak", k=39).keys
 
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
@@ -155,7 +155,7 @@ def test_a_change_cut_before_its_scrub_is_finished_at_the_next_open(embedder, tm
     with TemporalMemory(tmp_path / "m", embedder=embedder) as again:
         assert again.get("m4") is None and len(again) == 29
         assert b"zeppelin" not in store_bytes(tmp_path / "m")
-        assert "m4" not in again.search("zeppelin tour", k=29).ids
+        assert "m4" not in again.search("zeppelin tour", k=29).keys
 
 
 def test_get_all_pages_and_bad_calls_change_nothing(tmp_path):
@@ -213,7 +213,7 @@ def test_an_update_never_loses_a_change_made_between_its_read_and_its_write(back
     stored = mem.update("a", text="the launch moved to friday")
     mem._replace = real_replace
     assert stored.text == "the launch moved to friday" and stored.timestamp.isoformat() == "2024-02-02T09:00:00"
-    assert mem.search("launch friday", k=1).ids == ["a"]
+    assert mem.search("launch friday", k=1).keys == ["a"]
     with pytest.raises(VersionConflict) as err:
         mem.update("a", text="stale", if_version=version_of(read))
     assert err.value.current == version_of(mem.get("a")) and mem.get("a").text == "the launch moved to friday"

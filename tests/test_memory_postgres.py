@@ -80,9 +80,9 @@ def test_nothing_after_asked_at_and_bad_input(postgres):
     for text, asked, vec, _ in queries():
         for windows in (NON_TEMPORAL, everything):
             hits = mem.search(text, asked_at=asked, windows=windows, query_vector=vec, k=50)
-            assert hits.ids and all(m.timestamp <= asked for m in hits.messages)
+            assert hits.keys and all(m.timestamp <= asked for m in hits.messages)
             assert [m.id for m in hits.messages] == hits.positions
-    assert mem.search("budget", asked_at=T0 - timedelta(days=1), query_vector=vecs[0]).ids == []
+    assert mem.search("budget", asked_at=T0 - timedelta(days=1), query_vector=vecs[0]).keys == []
     with pytest.raises(StoreError, match="built with embed_template"):
         TemporalMemory(mem.url, name="past", config=RetrievalConfig(embed_template="{text}"), embedder=NoEmbedder())
 
@@ -216,7 +216,7 @@ def test_the_database_going_away_is_a_clear_bounded_error(tmp_path):
             while client.get("/health").status_code != 200:
                 assert time.monotonic() < deadline, "the service did not see the database come back"
                 time.sleep(0.5)
-        assert len(mem) == 400 and mem.search("budget", query_vector=vecs[0], k=5).ids
+        assert len(mem) == 400 and mem.search("budget", query_vector=vecs[0], k=5).keys
         mem.close()
     finally:
         own.close()
@@ -336,7 +336,7 @@ def test_memory_import_into_a_database_then_search(postgres, tmp_path):
             with backend.open(name) as mem:
                 assert len(mem) == 120  # 240 messages over two conversations, none twice
         with backend.open(names[0]) as mem:
-            assert mem.search("status update", k=3).ids
+            assert mem.search("status update", k=3).keys
     finally:
         backend.close()
 
@@ -355,5 +355,5 @@ def test_the_day_a_question_names_leads_under_rules_as_embedded(postgres):
         mem.search(ASKED, asked_at=datetime(2024, 2, 20), windows="rules", k=5, query_vector=qvec, exact=True)
         for mem in (pg, local)
     ]
-    assert got[0].ids == got[1].ids and got[0].messages[0].timestamp.date() == datetime(2024, 2, 3).date()
+    assert got[0].keys == got[1].keys and got[0].messages[0].timestamp.date() == datetime(2024, 2, 3).date()
     pg.close()

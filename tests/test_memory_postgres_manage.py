@@ -101,18 +101,18 @@ def test_update_then_delete_on_postgres(postgres):
     assert mem.get("m7") is None and mem.delete("m7") == [] and mem.delete_all() == []  # no memory yet
     mem.add(msgs)
     assert mem.get("m7").text == msgs[7]["text"] and mem.get("nope") is None
-    assert mem.search("zeppelin", k=1).ids == ["m7"] and other.get("m7").text == msgs[7]["text"]
-    assert len(other.timeline().starts) and other.search("zeppelin", k=1).ids == ["m7"]
+    assert mem.search("zeppelin", k=1).keys == ["m7"] and other.get("m7").text == msgs[7]["text"]
+    assert len(other.timeline().starts) and other.search("zeppelin", k=1).keys == ["m7"]
 
     stored = mem.update("m7", text="we booked the kayak tour for the offsite")
     assert stored.key == "m7" and stored.text.startswith("we booked the kayak") and len(mem) == 40
     assert stored == mem.get("m7") == other.get("m7") and stored.id == mem.messages().id_of("m7")
     vector = HashVectors().encode(["u1: we booked the kayak tour for the offsite"])[0]
     for m in (mem, other):
-        assert m.search("kayak", k=1).ids == ["m7"]
+        assert m.search("kayak", k=1).keys == ["m7"]
         assert all("zeppelin" not in h.text for h in m.search("zeppelin", k=40).messages)
-        assert m.search("x", k=1, semantic="dense", query_vector=vector).ids == ["m7"]  # re-embedded
-        assert m.search("kayak", k=1, semantic="hybrid", query_vector=vector).ids == ["m7"]
+        assert m.search("x", k=1, semantic="dense", query_vector=vector).keys == ["m7"]  # re-embedded
+        assert m.search("kayak", k=1, semantic="hybrid", query_vector=vector).keys == ["m7"]
     with pytest.raises(MemoryInputError):
         mem.update("m7")
     from tider.memory.records import MessageNotFound
@@ -124,7 +124,7 @@ def test_update_then_delete_on_postgres(postgres):
     assert b"kayak" in on_disk and b"zeppelin" not in on_disk  # the updated text's old version is gone too
     assert mem.delete(["m7", "not-there", "m7"]) == ["m7"] and len(mem) == 39
     for m in (mem, other):
-        assert len(m) == 39 and m.get("m7") is None and "m7" not in m.search("kayak", k=39).ids
+        assert len(m) == 39 and m.get("m7") is None and "m7" not in m.search("kayak", k=39).keys
         assert "m7" not in {x.key for x in m.messages()} and len(m.messages()) == 39
     with pytest.raises(MessageNotFound):
         mem.update("m7", text="back")
@@ -135,7 +135,7 @@ def test_update_then_delete_on_postgres(postgres):
     assert b"kayak" not in vacuumed_files(postgres, url)
     left = [m.key for m in mem.messages()]
     assert mem.delete_all() == left and len(left) == 39
-    assert len(mem) == 0 and len(other) == 0 and other.messages().messages == [] and mem.search("offsite").ids == []
+    assert len(mem) == 0 and len(other) == 0 and other.messages().messages == [] and mem.search("offsite").keys == []
     mem.add(msgs[:3])  # an emptied memory takes adds again
     assert len(other) == 3 and [m.key for m in other.messages()] == [m.key for m in mem.messages()]
     check_tables(url, "chat")
@@ -146,7 +146,7 @@ def test_update_then_delete_on_postgres(postgres):
 def _answers(mem, exact: bool = True) -> list:
     out = answers(mem, exact)
     out += [
-        (h.ids, h.scores)
+        (h.keys, h.scores)
         for text, asked, vec, win in queries(6, seed=4)
         for semantic in ("bm25", "dense")
         for h in [mem.search(text, asked_at=asked, windows=win, query_vector=vec, k=25, semantic=semantic)]
@@ -243,7 +243,7 @@ def test_deletes_and_updates_with_the_hnsw_index(postgres):
     assert moved.id == 0 and len(gone) == 134
     for i in (5, 7, 11):
         hits = mem.search("budget", query_vector=vecs[i], exact=False, k=20, semantic="dense")
-        assert not hits.exact and hits.ids[0] == f"m{i}" and not gone & set(hits.ids)
+        assert not hits.exact and hits.keys[0] == f"m{i}" and not gone & set(hits.keys)
         assert [m.id for m in hits.messages] == hits.positions
     check_tables(url, "graph")
     mem.close()

@@ -174,5 +174,5 @@ def test_a_query_sharing_no_term_ranks_by_the_dense_channel(postgres):
     for m in (exact, index, mem):
         m.add(msgs, vectors=vecs)
     want = exact.search("zzz qqq", query_vector=vecs[3], k=10)
-    assert want.ids and want.ids == index.search("zzz qqq", query_vector=vecs[3], k=10, exact=False).ids
-    assert mem.search("zzz qqq", query_vector=vecs[3], k=10).ids == want.ids
+    assert want.keys and want.keys == index.search("zzz qqq", query_vector=vecs[3], k=10, exact=False).keys
+    assert mem.search("zzz qqq", query_vector=vecs[3], k=10).keys == want.keys

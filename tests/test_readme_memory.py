@@ -40,4 +40,4 @@ def test_memory_import_builds_one_store_per_conversation(tmp_path):
     stores = sorted(p.name for p in (tmp_path / "stores").iterdir())
     assert len(stores) == 2
     with TemporalMemory(tmp_path / "stores" / stores[0]) as mem:
-        assert len(mem) == 120 and mem.search("status update", k=3).ids
+        assert len(mem) == 120 and mem.search("status update", k=3).keys

@@ -55,9 +55,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class SearchHits:
-    """Best first: message keys, scores, the messages, their time-order positions."""
+    """Best first: the messages' keys (what ``add`` took and returns), scores, the messages,
+    their time-order positions (``Message.id``)."""
 
-    ids: list[str]
+    keys: list[str]
     scores: list[float]
     messages: list[Message]
     positions: list[int]
@@ -65,7 +66,7 @@ class SearchHits:
     exact: bool = True
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.keys)
 
 
 class MemoryBase(abc.ABC):

@@ -5,7 +5,7 @@ from tider import TemporalMemory
 mem = TemporalMemory("stores/team-chat")          # creates the directory or opens the store
 mem.add([{"key": "m1", "text": "...", "timestamp": "2024-02-01T10:00:00", "speaker": "ana"}])
 hits = mem.search("what did we decide at the offsite?", asked_at="2024-03-01T09:00:00", k=20)
-hits.ids, hits.scores, hits.messages, hits.prediction
+hits.keys, hits.scores, hits.messages, hits.prediction
 ```
 
 A directory, or ``None`` for a memory in RAM, opens an ``EmbeddedMemory``
