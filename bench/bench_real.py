@@ -7,7 +7,13 @@ Data, read at run time: LoCoMo dev (``--locomo``, 7 conversations) and RealMem d
 (``--realmem``, 7 personas), split by conversation/persona as ``configs/sft/tiny-real.yaml``
 fixes it (a seeded shuffle, seed 0, of each dataset's keys: test = the first 2 LoCoMo
 conversations and the first 3 personas, validation = the next one of each, train = the
-rest). Designs are chosen on ``--split validation``; the test split is run once.
+rest), and ``--longmemeval N`` LongMemEval_s dev questions (default 48 of 250: a haystack
+costs ~27 s to index on a 2-core CPU the first time, then comes from the embedding cache),
+sampled by question type and split a half / a fifth / the rest (``tider.data.splits.
+stratified_sample``, seed 0; the sample is written to ``DIR/longmemeval_sample.json``).
+Designs are chosen on ``--split validation``; the test split is read once per design: each
+test run is recorded in ``bench/results/test_reads.jsonl`` (commit that file with the
+results) and ``results.json`` says how often this design has read it.
 
 Stages (each skipped when its output exists, so an interrupted run resumes):
 1. SFT: ``configs/sft/tiny-real.yaml`` from ``--start`` (default the shipped
@@ -26,17 +32,22 @@ Stages (each skipped when its output exists, so an interrupted run resumes):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 from benchlib import ROOT, HeldOut, commit, grpo_minus_sft, hardware, matmul_ms
 
 SHARED = ROOT.parent / "shared" / "data"
 BASELINES = ("none", "rules", "top-day", "top-days", "dbscan-tuned", "timeline")
+READS = ROOT / "bench" / "results" / "test_reads.jsonl"
+RECIPES = ("configs/sft/tiny-real.yaml", "configs/grpo/tiny-real.yaml")
 
 
 def parse_args(argv):
@@ -56,17 +67,63 @@ def parse_args(argv):
         help="skip stage 3 (the composite reward of SFT and GRPO by local generation: the slowest stage on CPU)",
     )
     ap.add_argument("--baselines", default=",".join(BASELINES))
+    ap.add_argument("--longmemeval", type=int, default=48, metavar="N", help="LongMemEval_s dev questions (0: none)")
     args = ap.parse_args(argv)
     data = Path(args.data)
     dev = data / "locomo" / "locomo_dev.json"
     args.locomo = args.locomo or str(dev if dev.exists() else data / "locomo" / "locomo10.json")
     args.realmem = args.realmem or str(data / "realmem")
-    for what, path in (("LoCoMo", args.locomo), ("RealMem", args.realmem)):
+    args.lme = str(data / "longmemeval" / "longmemeval_s_dev.json")
+    named = [("LoCoMo", args.locomo), ("RealMem", args.realmem)] + [("LongMemEval_s", args.lme)] * bool(
+        args.longmemeval
+    )
+    for what, path in named:
         if not Path(path).exists():
             ap.error(
                 f"{what} not found at {path}: put it there (data/README.md says where each comes from) or pass --data"
             )
     return args
+
+
+def data_args(args, out: Path) -> list[str]:
+    """The recipes' data overrides: LoCoMo and RealMem split as the recipes fix it, plus the
+    LongMemEval_s sample (written to ``out``) with its stratified split."""
+    from tider.data.splits import stratified_sample
+
+    recipe = yaml.safe_load((ROOT / RECIPES[0]).read_text())
+    names, paths = ["locomo", "realmem"], [args.locomo, args.realmem]
+    validation, test = list(recipe["validation_memories"]), list(recipe["test_memories"])
+    if args.longmemeval:
+        items = json.loads(Path(args.lme).read_text())
+        split = stratified_sample({q["question_id"]: q["question_type"] for q in items}, args.longmemeval)
+        chosen = {k for keys in split.values() for k in keys}
+        sample = out / "longmemeval_sample.json"
+        out.mkdir(parents=True, exist_ok=True)
+        sample.write_text(json.dumps([q for q in items if q["question_id"] in chosen]))
+        names.append("longmemeval"), paths.append(str(sample))
+        validation, test = validation + split["validation"], test + split["test"]
+    joined = ["--dataset_name", ",".join(names), "--dataset_path", ",".join(paths)]
+    return [*joined, "--validation_memories", *validation, "--test_memories", *test]
+
+
+def record_test_read(args) -> dict:
+    """Append this test-split read to ``READS`` and count this design's reads (this one
+    included). A design: the source tree, the two recipes, and the arguments that change
+    what is trained or read."""
+    git = lambda *a: subprocess.run(["git", *a], check=False, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    parts = [git("rev-parse", "HEAD:src"), git("diff", "HEAD", "--", "src")]
+    parts += [(ROOT / r).read_text() for r in RECIPES]
+    parts += [args.start, args.sft_args, args.grpo_args, str(args.longmemeval)]
+    design = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+    READS.parent.mkdir(parents=True, exist_ok=True)
+    with READS.open("a") as f:
+        f.write(json.dumps({"design": design, "commit": commit(), "at": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+    reads = [json.loads(line) for line in READS.read_text().splitlines() if line.strip()]
+    return {
+        "design": design,
+        "reads_of_this_design": sum(r["design"] == design for r in reads),
+        "reads_all": len(reads),
+    }
 
 
 def stages(args, out: Path) -> list:
@@ -77,7 +134,7 @@ def stages(args, out: Path) -> list:
     from tider.train.data import fixed_split
 
     def train(kind: str, start: str, extra: str) -> Train:
-        data = ["--dataset_path", f"{args.locomo},{args.realmem}", "--report_to", "none", "--save_strategy", "no"]
+        data = [*data_args(args, out), "--report_to", "none", "--save_strategy", "no"]
         return Train(kind, ROOT / f"configs/{kind}/tiny-real.yaml", out / kind, start, [*data, *extra.split()])
 
     sft, grpo = train("sft", args.start, args.sft_args), train("grpo", str(out / "sft"), args.grpo_args)
@@ -155,6 +212,7 @@ def main(argv=None) -> int:
     # A skipped stage keeps the time of the run that did the work (DIR/timings.json).
     timings = json.loads((out / "timings.json").read_text()) if (out / "timings.json").exists() else {}
     t_start = time.time()
+    reads = record_test_read(args) if args.split == "test" else None
     run = pipeline.run(stages(args, out), out)
     timings.update({f"{k}_s": v for k, v in run.times.items() if k not in run.skipped})
     comparison = run.results["compare"]
@@ -169,6 +227,8 @@ def main(argv=None) -> int:
         "hardware": hardware(),
         "float32_matmul_ms": matmul_ms(),
         "split": args.split,
+        "test_reads": reads,
+        "longmemeval_questions": args.longmemeval,
         "argv": sys.argv[1:],
         "composite": composite(run.results["held_out"]) if "held_out" in run.results else None,
         "summary": summary(comparison),

@@ -90,7 +90,10 @@ def stamp(path: str, script: str, results: dict) -> str:
     took = f", {minutes / 60:.0f} min" if minutes else ""
     commit = results.get("commit", "not recorded")
     command = results.get("command") or " ".join([script, *results.get("argv", [])])
-    return f"From `{path}` (commit `{commit}`; `{command}`; {results.get('hardware', 'machine not recorded')}{took})."
+    reads = results.get("test_reads")
+    read = f"; test-split read {reads['reads_of_this_design']} of this design" if reads else ""
+    machine = results.get("hardware", "machine not recorded")
+    return f"From `{path}` (commit `{commit}`; `{command}`; {machine}{took}{read})."
 
 
 # name: (results file, how its table is made, the script that writes the file)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tider.data.splits import split_keys, split_queries
+from tider.data.splits import split_keys, split_queries, stratified_sample
 from tider.train.dar import dar_resample, effective_probabilities
 from tider.train.examples import PromptBuilder, gold_answer, grpo_records, option_answers, sft_records
 
@@ -27,6 +27,22 @@ def test_split_keys_deterministic_disjoint_and_complete():
     assert all(len(v) == 1 for v in small.values())  # every split has a held-out memory
     with pytest.raises(ValueError, match="fractions"):
         split_keys(keys, fractions=(0.5, 0.5, 0.5))
+
+
+def test_a_stratified_sample_keeps_every_stratum_in_proportion_in_every_split():
+    # LongMemEval_s-like: 240 questions of 6 types, 40 of each; 48 drawn, 8 of each
+    strata = {f"q{i:03d}": f"type{i // 40}" for i in range(240)}
+    a = stratified_sample(strata, 48, seed=0)
+    assert a == stratified_sample(dict(reversed(list(strata.items()))), 48, seed=0)  # input order does not matter
+    assert a != stratified_sample(strata, 48, seed=1)
+    flat = a["train"] + a["validation"] + a["test"]
+    assert len(flat) == len(set(flat)) == 48 and set(flat) <= set(strata)
+    drawn = Counter(strata[k] for k in flat)
+    assert drawn == {f"type{j}": 8 for j in range(6)}
+    for name, keys in a.items():  # a half, a fifth, the rest of each type: 4 / 2 / 2 of 8 (2 / 1.6 / 2.4)
+        assert set(Counter(strata[k] for k in keys).values()) == ({4} if name == "train" else {2}), (name, keys)
+    with pytest.raises(ValueError, match="n must be"):
+        stratified_sample(strata, 241)
 
 
 def test_a_fixed_split_names_its_held_out_memories():

@@ -57,6 +57,41 @@ def split_keys(
     }
 
 
+def stratified_sample(
+    strata: dict[str, str], n: int, seed: int = 0, fractions: Sequence[float] = (0.5, 0.2, 0.3)
+) -> dict[str, list[str]]:
+    """``n`` of the memories ``strata`` maps to a stratum (e.g. LongMemEval's question type),
+    split train/validation/test by ``fractions``: each stratum gets its share of ``n`` and of
+    each split (largest remainders), drawn by a seeded shuffle of its sorted keys. For datasets
+    too costly to run whole (a LongMemEval_s haystack takes ~27 s to index on a 2-core CPU):
+    every question type stays in every split, in proportion."""
+    by: dict[str, list[str]] = {}
+    for key in sorted(strata):
+        by.setdefault(strata[key], []).append(key)
+    if not 0 < n <= len(strata):
+        raise ValueError(f"stratified sample: n must be in 1..{len(strata)}, got {n}")
+    take = _apportion({s: len(keys) * n / len(strata) for s, keys in sorted(by.items())}, n)
+    out: dict[str, list[str]] = {name: [] for name in SPLITS}
+    rng = random.Random(seed)
+    for stratum, keys in sorted(by.items()):
+        rng.shuffle(keys)
+        chosen = keys[: take[stratum]]
+        share = _apportion({name: f * len(chosen) for name, f in zip(SPLITS, fractions)}, len(chosen))
+        at = 0
+        for name in SPLITS:
+            out[name] += chosen[at : at + share[name]]
+            at += share[name]
+    return {name: sorted(keys) for name, keys in out.items()}
+
+
+def _apportion(quotas: dict[str, float], total: int) -> dict[str, int]:
+    """Integers that sum to ``total``, each its quota's floor plus one for the largest remainders."""
+    out = {k: int(q) for k, q in quotas.items()}
+    for k in sorted(quotas, key=lambda k: (out[k] - quotas[k], k))[: total - sum(out.values())]:
+        out[k] += 1
+    return out
+
+
 SPLIT_CHOICES = ("train", "validation", "test", "heldout", "all")
 
 
