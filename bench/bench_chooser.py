@@ -55,33 +55,35 @@ def load(data: Path):
     return dataset, keep(splits["train"]), keep(splits["validation"])
 
 
-def actions_of(query, store, rules) -> tuple[dict, list]:
-    """{action: WindowPrediction} and the candidate days (in ranking order) with their stats."""
+def actions_of(query, store, sources) -> tuple[dict, list]:
+    """{action: WindowPrediction} and the candidate days with their stats. The candidates are
+    ``top-day``'s first ``DAYS`` hit days and the ``top-days`` action is the shipped source,
+    so the baseline here is the one the benchmarks read."""
     from tider.data.gold import unit_window
     from tider.types import NON_TEMPORAL, WindowPrediction
 
-    memory, ranked = store.messages(query.memory_key), store.ranking(query.public())
-    days: list = []
+    public = query.public()
+    memory, ranked = store.messages(query.memory_key), store.ranking(public)
+    windows = sources["days"].hit_days(public, store)
+    days = {w: {"window": w, "first_rank": None, "hits20": 0} for w in windows}
     for rank, (i, s) in enumerate(zip(ranked.ids, ranked.sim)):
         m = memory[int(i)]
-        day = unit_window(m.timestamp, m.timestamp, "day")
-        found = next((d for d in days if d["window"] == day), None)
-        if found is None and len(days) < DAYS:
-            found = {"window": day, "first_rank": rank, "hits20": 0, "best": float(s), "date": m.timestamp.date()}
-            days.append(found)
-        if found is not None and rank < K:
-            found["hits20"] += 1
-        if rank >= 200 and len(days) == DAYS:
+        d = days.get(unit_window(m.timestamp, m.timestamp, "day"))
+        if d is not None and d["first_rank"] is None:
+            d.update(first_rank=rank, best=float(s), date=m.timestamp.date())
+        if d is not None and rank < K:
+            d["hits20"] += 1
+        if rank >= K and all(d["first_rank"] is not None for d in days.values()):
             break
     top = float(ranked.sim[0]) if len(ranked.sim) else 0.0
-    for d in days:
+    for d in days.values():
         d["gap"] = top - d["best"]
-    acts = {"none": NON_TEMPORAL, "rules": rules.predict(query.public(), store)}
-    if days:
-        acts["top-days"] = WindowPrediction(True, tuple(sorted(d["window"] for d in days[:3])))
-    for j, d in enumerate(days):
-        acts[f"day{j + 1}"] = WindowPrediction(True, (d["window"],))
-    return acts, days
+    acts = {"none": NON_TEMPORAL, "rules": sources["rules"].predict(public, store)}
+    if windows:
+        acts["top-days"] = sources["top-days"].predict(public, store)
+    for j, w in enumerate(windows):
+        acts[f"day{j + 1}"] = WindowPrediction(True, (w,))
+    return acts, [days[w] for w in windows]
 
 
 def features(query, days, rules_pred) -> list[float]:
@@ -96,10 +98,10 @@ def features(query, days, rules_pred) -> list[float]:
     return row
 
 
-def measure(store, queries, rules) -> list[dict]:
+def measure(store, queries, sources) -> list[dict]:
     rows = []
     for q in queries:
-        acts, days = actions_of(q, store, rules)
+        acts, days = actions_of(q, store, sources)
         gold = set(q.gold.evidence_ids)
         recall = {}
         for name, pred in acts.items():
@@ -179,8 +181,9 @@ def main(argv=None) -> int:
         dataset, train_q, val_q = load(Path(args.data))
         store = MemoryCollection(dataset.memories)
         store.prepare([*train_q, *val_q])
-        rules = make_source("rules")
-        train, val = measure(store, train_q, rules), measure(store, val_q, rules)
+        sources = {name: make_source(name) for name in ("rules", "top-days")}
+        sources["days"] = make_source("top-day", days=DAYS)
+        train, val = measure(store, train_q, sources), measure(store, val_q, sources)
         rows_file.parent.mkdir(parents=True, exist_ok=True)
         rows_file.write_text(json.dumps({"train": train, "validation": val}))
     result = {
