@@ -1,6 +1,8 @@
 """`tider eval retrieval` through PostgreSQL against the embedded store, on LoCoMo dev and
 on the synthetic benchmark (real MiniLM embeddings, a real postgres): the exact path and
-the HNSW path (forced: these memories are below the index threshold).
+the HNSW path (forced: these memories are below the index threshold). LoCoMo: three of its
+seven conversations (462 questions); embedding all seven cold costs CI about two minutes
+and tests no other path.
 
 Must hold: recall@20 within 0.01 of the embedded figures, and the per-query top 20
 overlapping the embedded one on 90% or more, for windows ``none`` and ``rules``."""
@@ -17,6 +19,7 @@ from pgtesting import overlap
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 LOCOMO = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "locomo" / "locomo_dev.json"
+LOCOMO_SUBSET = "conv-26,conv-30,conv-44"
 METHODS = ("none", "rules")
 
 
@@ -34,14 +37,21 @@ def evaluate(dataset: str, path: str, out: Path, *extra: str) -> tuple[dict, dic
     return {m: report["methods"][m]["recall@20"] for m in METHODS}, ids
 
 
-def compare_backends(postgres, dataset: str, path: str, tmp_path: Path) -> dict:
+def compare_backends(postgres, dataset: str, path: str, tmp_path: Path, *extra: str) -> dict:
     """The embedded run against PostgreSQL exact and PostgreSQL HNSW (forced)."""
-    recall, ids = evaluate(dataset, path, tmp_path / "embedded")
+    recall, ids = evaluate(dataset, path, tmp_path / "embedded", *extra)
     (tmp_path / "hnsw.yaml").write_text("hnsw_min_messages: 0\n")
     runs = {
-        "exact": evaluate(dataset, path, tmp_path / "pg", "--store", postgres.database()),
+        "exact": evaluate(dataset, path, tmp_path / "pg", "--store", postgres.database(), *extra),
         "hnsw": evaluate(
-            dataset, path, tmp_path / "pgh", "--store", postgres.database(), "--config", str(tmp_path / "hnsw.yaml")
+            dataset,
+            path,
+            tmp_path / "pgh",
+            "--store",
+            postgres.database(),
+            "--config",
+            str(tmp_path / "hnsw.yaml"),
+            *extra,
         ),
     }
     out = {}
@@ -56,7 +66,7 @@ def compare_backends(postgres, dataset: str, path: str, tmp_path: Path) -> dict:
 
 @pytest.mark.skipif(not LOCOMO.is_file(), reason=f"needs LoCoMo dev at {LOCOMO} (read at run time)")
 def test_locomo_dev_through_postgres_matches_the_embedded_store(postgres, tmp_path):
-    figures = compare_backends(postgres, "locomo", str(LOCOMO), tmp_path)
+    figures = compare_backends(postgres, "locomo", str(LOCOMO), tmp_path, "--memories", LOCOMO_SUBSET)
     # Complete candidate lists on the exact path: the same top 20, query for query.
     assert all(figures[("exact", m)][2] == 1.0 for m in METHODS), figures
 

@@ -47,10 +47,10 @@ def dry_run(*args: str, nodes=NODES, env=None) -> tuple[int, dict[str, list[str]
     run = subprocess.run(
         ["bash", "scripts/slurm/train.slurm", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=False
     )
-    per_node: dict[str, list[str]] = {}
+    per_node: dict[str, list[str]] = {}  # the commands; each node's "network:" line is asserted apart
     for line in run.stdout.splitlines():
         m = re.match(r"\[(\S+)\] (.*)", line)
-        if m:
+        if m and not m.group(2).startswith("network: "):
             per_node.setdefault(m.group(1), []).append(m.group(2))
     return run.returncode, per_node, run.stdout + run.stderr
 
@@ -124,3 +124,34 @@ def test_the_log_is_not_in_a_folder_the_job_would_create():
         r"^#SBATCH --(output|error)=(.*)$", (ROOT / "scripts/slurm/train.slurm").read_text(), re.MULTILINE
     )
     assert directives and all("/" not in path for _, path in directives), directives
+
+
+def node_network(**env: str) -> str:
+    """The "network:" line node.sh prints in a dry run: the variables as its children see them."""
+    roles = {"TIDER_ROLES": "vllm", "TIDER_VLLM_TP": "1", "TIDER_VLLM_MODEL": "m", "TIDER_VLLM_PORT": "8000"}
+    run = subprocess.run(
+        ["bash", "scripts/slurm/node.sh", "grpo", "configs/grpo/qwen3-1.7b-multinode.yaml", "zero2"],
+        cwd=ROOT,
+        env={**os.environ, "TIDER_DRY_RUN": "1", "TIDER_LOG_DIR": "logs", **roles, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    [line] = [x for x in run.stdout.splitlines() if x.startswith("network: ")]
+    return line
+
+
+def test_each_node_exports_its_address_as_slurm_names_it(monkeypatch):
+    """Issue 43 item 6: vLLM binds to VLLM_HOST_IP, resolved from SLURMD_NODENAME (srun sets
+    it on each node); a value set in the submitting shell wins, as do the NCCL/gloo interfaces."""
+    for name in ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    resolved = node_network(SLURMD_NODENAME="localhost")
+    assert "VLLM_HOST_IP=127.0.0.1 NCCL_SOCKET_IFNAME=unset" in resolved, resolved
+    chosen = node_network(SLURMD_NODENAME="localhost", VLLM_HOST_IP="10.1.2.3", NCCL_SOCKET_IFNAME="ib0")
+    assert "VLLM_HOST_IP=10.1.2.3 NCCL_SOCKET_IFNAME=ib0" in chosen, chosen
+    unknown = node_network(SLURMD_NODENAME="no-such-node.invalid")
+    assert "VLLM_HOST_IP=unset (the node name did not resolve)" in unknown, unknown
+    # train.slurm's plan shows each node's line under that node's name
+    rc, _, out = dry_run("grpo", "configs/grpo/qwen3-1.7b-multinode.yaml", "zero2")
+    assert rc == 0 and all(f"[{node}] network: VLLM_HOST_IP=" in out for node in NODES), out

@@ -37,6 +37,10 @@ if [[ -z "${VLLM_HOST_IP:-}" && -n "${SLURMD_NODENAME:-}" ]]; then
     VLLM_HOST_IP=$(getent hosts "$SLURMD_NODENAME" | awk '{print $1; exit}') || true
     if [[ -n "$VLLM_HOST_IP" ]]; then export VLLM_HOST_IP; fi
 fi
+if [[ "${TIDER_DRY_RUN:-0}" == 1 ]]; then  # as the node's processes see them (a child shell)
+    bash -c 'echo "network: VLLM_HOST_IP=${VLLM_HOST_IP:-unset (the node name did not resolve)} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-unset}" \
+        "GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-unset}"'
+fi
 first=0  # next free GPU for vllm/trainer
 SERVERS=()  # "role pid" of the servers this step started
 if has vllm; then

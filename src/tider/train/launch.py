@@ -48,11 +48,16 @@ def recipe_value(recipe: str, overrides: Sequence[str], name: str):
 
 
 def recipe_stage(recipe: str) -> str:
-    """``sft`` or ``grpo``: the stage whose parser reads the recipe (the folder name first)."""
+    """``sft`` or ``grpo``: the recipe's folder under configs/ says it; elsewhere the stage
+    whose parser reads it. The folder is trusted without a parse (seconds of TRL imports):
+    ``verify`` parses the recipe with the job's overrides and refuses what does not parse."""
+    if not Path(recipe).is_file():
+        raise LaunchRefused(f"{recipe}: no such recipe file")
     parent = Path(recipe).parent.name
-    stages = [parent] if parent in ("sft", "grpo") else ["grpo", "sft"]
+    if parent in ("sft", "grpo"):
+        return parent
     errors = []
-    for stage in stages:
+    for stage in ("grpo", "sft"):
         try:
             parse_here(stage, recipe)
             return stage
