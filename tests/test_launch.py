@@ -132,6 +132,14 @@ def test_the_preflight_refuses_a_model_that_is_not_staged(tmp_path):
     assert "the policy runs/never-written/sft does not exist here" in before_sft.stderr
 
 
+def test_the_preflight_names_a_recipe_that_is_not_there(tmp_path):
+    """The stage comes from the recipe's folder (no parse): a recipe missing there is said by
+    name before anything is parsed or planned."""
+    run = check("configs/grpo/no-such-recipe.yaml", 1, 8, hf_home=tmp_path / "hf")
+    assert run.returncode == 2 and "configs/grpo/no-such-recipe.yaml: no such recipe file" in run.stderr, run.stderr
+    assert "accelerate launch" not in run.stdout
+
+
 def test_the_preflight_refuses_a_prompt_longer_than_the_engine(staged):
     run = tider(
         "launch",
