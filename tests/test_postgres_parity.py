@@ -1,9 +1,8 @@
 """`tider eval retrieval` through PostgreSQL against the embedded store, on LoCoMo dev and
 on the synthetic benchmark (real MiniLM embeddings, a real postgres): the exact path and
 the HNSW path (forced: these memories are below the index threshold). LoCoMo: three of its
-seven conversations (356 of the 1,033 questions evaluated, category 5 left out as
-by default); embedding all seven cold costs CI about two minutes
-and tests no other path.
+seven conversations (356 of the 1,035 questions evaluated, category 5 left out by default):
+embedding all seven cold costs CI about two minutes and tests no other path.
 
 Must hold: recall@20 within 0.01 of the embedded figures, and the per-query top 20
 overlapping the embedded one on 90% or more, for windows ``none`` and ``rules``."""
