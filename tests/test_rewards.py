@@ -253,6 +253,7 @@ def test_answer_correct_with_a_dead_reader_gives_counted_no_rewards(small_world)
     # the reader failed: scored as its group's mean (the unparsed completion's 0.0)
     assert out["answer_correct"] == [0.0, 0.0]
     assert logged["reader/failures"] == 1.0 and logged["reader/calls"] == 1.0
+    assert logged["reader/f1_above_0"] == 0.0  # a failed call is not an answer
     usage = reader.usage_by_stage()["reward_reader"]
     assert usage["errors"] == 1 and usage["attempts"] == 3  # 1 call + 2 bounded retries
     # the failure is not cached: the next batch asks the reader again

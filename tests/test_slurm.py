@@ -20,7 +20,6 @@ the accelerate config, as a user passes them.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import subprocess
@@ -32,6 +31,7 @@ from recipetesting import COMMON, ROOT, data_args, history, steps
 
 pytestmark = [pytest.mark.recipe, pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1800)]
 SHIM = Path(__file__).resolve().parent / "slurm_shim"
+READER = ROOT / "models" / "tiny-reader"  # a reader whose answers depend on its messages
 
 # Completions the rewards can read from a model trained for a step: vLLM's structured output
 # (TRL's `vllm_structured_outputs_regex`, not set by the recipe) holds generation to the
@@ -125,7 +125,10 @@ def grpo_job(recipe: str, start: Path, out: Path, recipe_data: Path, accel: str 
     return ["grpo", recipe, accel, *overrides, *data_args(recipe_data), *COMMON]
 
 
-def test_grpo_one_node_colocate_with_the_launchers_reader(production_sft, recipe_work, recipe_data, tiny_qwen3_dir):
+def test_grpo_one_node_colocate_with_the_launchers_reader(production_sft, recipe_work, recipe_data):
+    """The reader is models/tiny-reader (scripts/train_tiny_reader.py), which answers from its
+    messages: right more often with the evidence than without, so its scores move with
+    what each completion's windows retrieved."""
     out = recipe_work / "qwen3-grpo"
     status, log, server_logs = sbatch(
         1,
@@ -133,7 +136,7 @@ def test_grpo_one_node_colocate_with_the_launchers_reader(production_sft, recipe
         "--vllm_structured_outputs_regex",
         LOCATOR_JSON,
         work=recipe_work,
-        env={"GPUS_PER_NODE": "2", "READER_MODEL": str(tiny_qwen3_dir), "READER_MAX_LEN": "4096"},
+        env={"GPUS_PER_NODE": "2", "READER_MODEL": str(READER), "READER_MAX_LEN": "4096"},
     )
     assert status == 0, log[-6000:]
     assert "grpo: trainers on 127.0.0.1 (1 GPUs each)" in log  # one of the node's 2 kept for the reader
@@ -144,10 +147,12 @@ def test_grpo_one_node_colocate_with_the_launchers_reader(production_sft, recipe
     assert logged["reader/calls"] > 0 and logged["reader/failures"] == 0, logged
     reader_log = (server_logs / "reader.log").read_text(errors="replace")
     assert reader_log.count("POST /v1/chat/completions") >= logged["reader/calls"]
-    # scored (a number, not NaN: no call failed). What a random reader's answers score rests on
-    # the CPU's numerics, so no value is asserted; test_answer_scorer pins that the reward is
-    # the evaluation's F1 of the reader's answer.
-    assert math.isfinite(logged["rewards/answer_correct/mean"]), logged
+    # The reader's scores vary: of the step's 4 questions x 8 completions, some retrieved
+    # contexts got an answer that scores (F1 > 0) and some did not. A reader that is never
+    # asked, a context that lost its messages or a gold that is not the question's would leave
+    # every answer at 0; test_answer_scorer pins that the score is the evaluation's F1.
+    assert 0 < logged["reader/f1_above_0"] < logged["reader/calls"], logged
+    assert 0 < logged["rewards/answer_correct/mean"] < 1 and logged["rewards/answer_correct/std"] > 0, logged
     export = recipe_work / "qwen3-grpo-export"
     tider_cli("export", "--checkpoint", str(out), "--out", str(export), "--dtype", "float32")
     served = tider_cli("serve", "--model", str(export), "--check-request", "--enforce-eager", "--dtype", "float32")

@@ -329,6 +329,10 @@ def _answer_correct(completions, *, ctx, parsed, query_key, answer, log_metric=N
     if log_metric is not None:
         log_metric("reader/failures", float(sum(k in failed for k in keys)))
         log_metric("reader/calls", float(len(todo)))
+        # Of those calls, the answers that share a word with the gold (F1 > 0): beside
+        # reader/calls it says whether the reader's scores vary; a reader that never answers
+        # right (or always does) gives the policy no reader signal to learn from.
+        log_metric("reader/f1_above_0", float(sum(s > 0 for s in scores.values())))
     values = [0.0 if k is None else None if k in failed else scores.get(k, ctx._answer_cache.get(k)) for k in keys]
     return group_mean_fill(values, query_key)
 
