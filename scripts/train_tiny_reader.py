@@ -141,6 +141,7 @@ def main() -> None:
     from trl import SFTConfig, SFTTrainer
 
     from tider.data.synth import generate
+    from tider.hardware import auto_dtype
 
     out = Path(args.out)
     dataset = generate(1400 * args.conversations, seed=args.seed, n_conversations=args.conversations)
@@ -160,6 +161,9 @@ def main() -> None:
         save_strategy="no",
         report_to="none",
         use_cpu=True,
+        # bf16 autocast only where the CPU runs it natively (~90x slower emulated); the
+        # weights stay float32 and are saved as such
+        bf16=auto_dtype(use_cpu=True) == "bfloat16",
         max_length=1024,
         completion_only_loss=True,
         seed=args.seed,

@@ -1,4 +1,4 @@
-"""The tiny Qwen3 factory's optional structured date-embedding initialisation."""
+"""The tiny Qwen3 factory's optional embedding initialisations, and the script that trains the tests' reader."""
 
 from __future__ import annotations
 
@@ -82,3 +82,36 @@ def test_lexical_init_puts_related_words_close(tmp_path):
 
     assert cos("trip", "journey") > cos("trip", "banana") + 0.2
     assert cos("violin", "piano") > cos("violin", "invoice") + 0.2
+
+
+def test_the_tiny_reader_script_runs_as_its_model_readme_writes_it(tmp_path):
+    """models/tiny-reader/README.md's command, at test size (1 conversation, 2 steps, 3 check
+    questions): it writes a loadable reader, its run record with the three-way check, no
+    pickled training arguments, and a tokenizer in which an answer word is one token, as the
+    committed reader's is."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "tiny-reader"
+    args = ["--out", str(out), "--steps", "2", "--conversations", "1", "--check", "3"]
+    run = subprocess.run(
+        [sys.executable, "scripts/train_tiny_reader.py", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    record = json.loads((out / "tiny_reader.json").read_text())
+    assert record["steps"] == 2
+    assert set(record["check (seed 0)"]) == {"evidence", "evidence+twins", "no evidence"}
+    assert all(row["questions"] == 3 for row in record["check (seed 0)"].values())
+    assert (out / "model.safetensors").exists() and not (out / "training_args.bin").exists()
+    for reader in (out, root / "models" / "tiny-reader"):
+        assert AutoTokenizer.from_pretrained(reader).tokenize(" porto") == ["Ġporto"]
