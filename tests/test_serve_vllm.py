@@ -8,16 +8,14 @@ structured outputs, completions whose unconstrained greedy text is already schem
 are unchanged (the grammar mask never removes the argmax token on a valid path); the
 others are forced into valid JSON, so the served source never has more parse failures.
 bf16 on either side can flip near-tie argmaxes, which is why the check runs in float32.
+
+The same server also runs `tider eval qa` end to end (one vLLM start-up for both).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -125,7 +123,7 @@ def server(exported_locator, tmp_path_factory):
             "--dtype",
             "float32",
             "--max-model-len",
-            "1024",
+            "4096",  # the QA pipeline's prompts (test_eval_qa_through_vllm) are longer than the locator's
             "--log",
             str(tmp_path_factory.mktemp("vllm") / "server.log"),
         ]
@@ -162,53 +160,6 @@ def local_predictions(exported_locator, synthetic_slice):
     )
     queries, store = synthetic_slice
     return _predict(source, queries, store)
-
-
-def test_serve_check_request_as_a_user_runs_it(exported_locator, tmp_path):
-    """`tider serve --model EXPORT --check-request` through the CLI, in its own process: it
-    checks the export, starts vLLM, sends one real locator prompt (cue, timeline lines) with
-    the prompt's schema, prints the raw answer and its parse (or a typed failure, never an
-    exception), stops the server and exits 0."""
-    from tider.llm.vllm_server import free_port
-    from tider.locator.parse import ParseFailure
-
-    port = free_port()
-    log = tmp_path / "server.log"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tider.cli",
-            "serve",
-            "--model",
-            str(exported_locator),
-            "--port",
-            str(port),
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "1024",
-            "--enforce-eager",
-            "--log",
-            str(log),
-            "--check-request",
-        ],
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,  # the assertion below shows stderr
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    served, _, printed = run.stdout.partition("\n")
-    assert served.startswith(f"serving {exported_locator}") and f":{port}" in served
-    out = json.loads(printed)
-    assert out["raw"].strip()
-    assert (out["failure"] is None) == (out["prediction"] is not None)
-    assert out["failure"] in (None, *(f.value for f in ParseFailure))
-    assert "POST /v1/chat/completions" in log.read_text(errors="replace")  # it went through the server
-    with pytest.raises(OSError):  # and the server is gone
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
 def test_served_greedy_equals_local_greedy(server, synthetic_slice, local_predictions):
@@ -360,3 +311,96 @@ def test_a_served_vote_is_one_seeded_request_per_query(server, synthetic_slice):
         for s in range(4)
     ]
     assert ["\n".join(o.text for o in answers) for answers in zip(*per_seed)] == texts
+
+
+QA_LIMIT = 3
+
+
+def _qa_argv(server, out):
+    return [
+        "eval",
+        "qa",
+        "--dataset",
+        "synthetic",
+        "--memories",
+        "synth-000",
+        "--limit",
+        str(QA_LIMIT),
+        "--windows",
+        "oracle",
+        "--context",
+        "flat,forest",
+        "--reader",
+        server.base_url,
+        "--reader-model",
+        server.model_name,
+        "--out",
+        str(out),
+        "--k",
+        "6",
+        "--top-n",
+        "8",
+        "--budget",
+        "120",
+        "--max-tokens",
+        "select=48,structure=48,answer=16,judge=8",
+        "--max-retries",
+        "1",
+        "--no-thinking",
+        "--answer-temperature",
+        "1.0",
+        "--judge-temperature",
+        "1.0",
+        "--tokenizer",
+        str(server.model),
+        "--concurrency",
+        "4",
+    ]
+
+
+def test_eval_qa_through_vllm(server, tmp_path, capsys):
+    """`tider eval qa` end to end with the served export as selector, relation classifier,
+    reader and judge. Its answers to those prompts are garbage: the run must complete with
+    typed parse failures counted in the report, bounded retries, and nothing lost or
+    duplicated on resume. (The module's server: one vLLM start-up serves both files' checks.)"""
+    from tider.cli import main
+    from tider.eval.runner import read_records
+
+    out = tmp_path / "run"
+    assert main(_qa_argv(server, out)) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["leaks"] == 0 and report["leak_checks"] > 0
+    for name in ("oracle/flat", "oracle/forest"):
+        run = report["runs"][name]
+        assert run["n"] == QA_LIMIT  # every query reaches the end, failures included
+        assert run["llm_tokens"]["answer"]["prompt_tokens"] > 0
+        assert run["llm_tokens"]["select"]["calls"] > 0
+    flat = report["runs"]["oracle/flat"]
+    assert flat["llm_tokens"]["judge"]["calls"] == QA_LIMIT - flat["errors"]["answer_failed"] > 0
+    assert flat["errors"]["judge_no_verdict"] + flat["errors"]["judge_failed"] <= QA_LIMIT
+    forest = report["runs"]["oracle/forest"]
+    assert forest["llm_tokens"]["structure"]["calls"] > 0
+    # retries are bounded: at most max_retries + 1 attempts per call
+    for stage in ("select", "structure", "answer", "judge"):
+        t = forest["llm_tokens"][stage]
+        assert t["attempts"] <= 2 * t["calls"]
+    # garbage output shows up as counted, typed failures rather than crashes
+    usage = report["llm_usage_this_process"]["reader"]
+    assert sum(u["errors"] for u in usage.values()) > 0
+    answers = read_records(out / "answer-oracle-forest.jsonl")
+    assert all(r["status"] in ("ok", "partial") for r in answers.values()) and len(answers) == QA_LIMIT
+    printed = capsys.readouterr().out
+    assert "LLM tokens spent" in printed
+
+    # Resume: finished records are skipped, failed LLM records ("partial") are retried
+    # along with what was built on them, and no key is lost or duplicated.
+    before = {p.name: read_records(p) for p in out.glob("*.jsonl")}
+    assert main(_qa_argv(server, out)) == 0
+    for name, rows in before.items():
+        after = read_records(out / name)
+        assert set(after) == set(rows)
+        for k, row in rows.items():
+            if row["status"] == "ok" and after[k].get("fingerprint") == row.get("fingerprint"):
+                assert after[k] == row  # same input, finished: not redone
+    again = json.loads((out / "report.json").read_text())
+    assert all(again["runs"][name]["n"] == QA_LIMIT for name in ("oracle/flat", "oracle/forest"))
