@@ -69,16 +69,20 @@ class Recorded:
 
 
 def table(rows: dict, keys: list[str]) -> dict:
-    """recall@20, hit_all@20 and McNemar's b/c against `top-days` of each source on ``keys``."""
-    base, out = rows["top-days"], {}
+    """recall@20, hit_all@20 (the harness's ``aggregate``) and exact McNemar on hit_all@20
+    against `top-days` (b: the source finds all the evidence, `top-days` does not) on ``keys``."""
+    from tider.eval.metrics import aggregate
+    from tider.eval.stats import mcnemar_exact
+
+    base = [bool(rows["top-days"][k]["all@20"]) for k in keys]
+    out = {}
     for source, recs in rows.items():
+        report = aggregate([recs[k] for k in keys], (20,))
+        test = mcnemar_exact([bool(recs[k]["all@20"]) for k in keys], base)
         out[source] = {
-            "recall@20": sum(recs[k]["hits@20"] for k in keys) / sum(recs[k]["n_gold"] for k in keys),
-            "hit_all@20": sum(recs[k]["all@20"] for k in keys) / len(keys),
-            "mcnemar_b_c_vs_top_days": [
-                sum(recs[k]["all@20"] > base[k]["all@20"] for k in keys),
-                sum(recs[k]["all@20"] < base[k]["all@20"] for k in keys),
-            ],
+            "recall@20": report["recall@20"],
+            "hit_all@20": report["hit_all@20"],
+            "mcnemar_vs_top_days": {"b": test["b"], "c": test["c"], "p": test["p"]},
         }
     return out
 
