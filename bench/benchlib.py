@@ -143,11 +143,16 @@ def sampled_rewards(
 
 
 def held_out_rewards(model_dir: Path, queries, dataset, store, reward_names, weights) -> tuple[list[dict], list[str]]:
-    """Greedy completions of ``model_dir`` on ``queries``, scored by the GRPO rewards."""
+    """Greedy completions of ``model_dir`` on ``queries``, scored by the GRPO rewards.
+
+    Greedy whatever the checkpoint records: a GRPO checkpoint of the real-data recipes answers
+    with a vote of sampled completions, whose text is the samples joined, and the rewards would
+    score its first sample (one draw at the rollout temperature) against SFT's greedy answer."""
+    from tider.locator.contract import Decoding
     from tider.locator.sources import make_source
     from tider.train.rewards import RewardContext, make_rewards, reward_scores
 
-    source = make_source("locator", model=str(model_dir), batch_size=16, max_tokens=64)
+    source = make_source("locator", model=str(model_dir), batch_size=16, max_tokens=64, decoding=Decoding())
     texts, tables = [], []
     for i in range(0, len(queries), 32):
         chunk = queries[i : i + 32]

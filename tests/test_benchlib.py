@@ -68,3 +68,32 @@ def test_grpo_minus_sft_pairs_the_rows_of_each_query():
     assert benchlib.grpo_minus_sft(rows) == benchlib.paired_bootstrap_ci([0.25, 0.25])
     assert benchlib.grpo_minus_sft({"sft": rows["sft"]}) is None  # --sft-only: no GRPO stage
     assert benchlib.grpo_minus_sft(rows, "sampled/composite") is None  # greedy only
+
+
+@pytest.mark.slow
+def test_the_held_out_greedy_row_is_greedy_when_the_checkpoint_votes(fixed_window_locator, tmp_path):
+    """A GRPO checkpoint of the real-data recipes records a vote of 8 sampled completions;
+    the held-out "greedy" row must still decode it greedily (one completion a query, the one
+    greedy decoding writes), or GRPO - SFT compares one sample at T = 1 with SFT's greedy."""
+    import json
+    import shutil
+
+    from tider.data import load_dataset
+    from tider.memory.collection import MemoryCollection
+
+    data, checkpoint = fixed_window_locator
+    voting = tmp_path / "voting"
+    shutil.copytree(checkpoint, voting)
+    meta_path = voting / "tider_locator.json"
+    meta = json.loads(meta_path.read_text())
+    meta["decoding"] = {"samples": 8, "temperature": 1.0, "min_votes": 1}
+    meta_path.write_text(json.dumps(meta))
+
+    dataset = load_dataset("jsonl", str(data))
+    store = MemoryCollection(dataset.memories)
+    queries = list(dataset.queries)[:6]
+    names, weights = ["format", "window_iou"], [1.0, 1.0]
+    rows, texts = benchlib.held_out_rewards(voting, queries, dataset, store, names, weights)
+    _, greedy = benchlib.held_out_rewards(checkpoint, queries, dataset, store, names, weights)
+    assert texts == greedy and len(rows) == len(queries)
+    assert all(text.count('"temporal"') == 1 for text in texts)  # one completion, not 8 joined
