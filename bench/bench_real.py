@@ -26,7 +26,8 @@ Stages (each skipped when its output exists, so an interrupted run resumes):
    export as the locator against ``none``, ``rules``, ``top-day``, ``dbscan-tuned``,
    ``timeline`` and ``oracle`` through the same retriever: the pooled table, exact McNemar
    on hit_all@20, and a table per dataset.
-``DIR/results.json`` gathers timings, the machine, the composite rewards and the summary.
+``DIR/results.json`` gathers timings, the machine, the composite rewards and the summary;
+``DIR/held_out.json`` holds stage 3's rewards and greedy completions per question.
 """
 
 from __future__ import annotations
@@ -170,10 +171,15 @@ def stages(args, out: Path) -> list:
 def composite(held_out: dict) -> dict:
     """Composite reward of SFT and GRPO, greedy and sampled, with the paired bootstrap of GRPO - SFT."""
     rows, names = held_out["rows"], held_out["names"]
-    greedy = {s: sum(r["composite"] for r in rs) / len(rs) for s, rs in rows.items()}
-    result = {"greedy": {**greedy, "grpo_minus_sft": grpo_minus_sft(rows)}}
+    mean = lambda stage, key: float(np.mean([r[key] for r in rows[stage]]))
+    result = {
+        "greedy": {
+            **{s: mean(s, "composite") for s in rows},
+            **{f"{s}/{n}": mean(s, f"r/{n}") for s in rows for n in names},
+            "grpo_minus_sft": grpo_minus_sft(rows),
+        }
+    }
     if "sampled/composite" in rows["sft"][0]:
-        mean = lambda stage, key: float(np.mean([r[key] for r in rows[stage]]))
         result["sampled"] = {
             **{s: mean(s, "sampled/composite") for s in rows},
             **{f"{s}/{n}": mean(s, f"sampled/{n}") for s in rows for n in names},
@@ -234,6 +240,9 @@ def main(argv=None) -> int:
         "timings_s": timings,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))
+    if "held_out" in run.results:  # per question (its key) and stage: the rewards, the greedy completion
+        kept = {k: v for k, v in run.results["held_out"].items() if k != "queries"}
+        (out / "held_out.json").write_text(json.dumps(kept, indent=1))
     print(json.dumps({k: results[k] for k in ("composite", "timings_s")}, indent=1))
     print((out / "compare.md").read_text())
     return 0
