@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_real import parse_args as bench_args
-from bench_real import stages
+from bench_real import scored_queries, stages
 from benchlib import commit, hardware, prompted
 
 ANSWERS = {
@@ -75,14 +75,7 @@ def main(argv=None) -> int:
     splits = split_queries(run.dataset, g_args.split_seed, **fixed_split(g_args))
     t0 = time.time()
     results = {
-        split: score_split(
-            args.model,
-            [q for q in splits[split] if q.gold.evidence_ids and str(q.category) != "5"],
-            run.dataset,
-            run.store,
-            names,
-            weights,
-        )
+        split: score_split(args.model, scored_queries(splits[split]), run.dataset, run.store, names, weights)
         for split in ("train", "validation")
     }
     record = {

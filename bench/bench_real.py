@@ -125,6 +125,11 @@ def record_test_read(args) -> dict:
     }
 
 
+def scored_queries(queries) -> list:
+    """The questions the held-out rewards score: with evidence, not LoCoMo's adversarial category 5."""
+    return [q for q in queries if q.gold.evidence_ids and str(q.category) != "5"]
+
+
 def stages(args, out: Path) -> list:
     """The benchmark's pipeline: the tiny-real recipes on the real data, in this process."""
     from tider.data.splits import split_queries
@@ -144,7 +149,7 @@ def stages(args, out: Path) -> list:
         return split_queries(run.dataset, g_args.split_seed, **fixed_split(g_args))[args.split]
 
     def scored(run) -> list:
-        return [q for q in split(run) if q.gold.evidence_ids and str(q.category) != "5"]
+        return scored_queries(split(run))
 
     names, weights = list(g_args.reward_funcs), [float(w) for w in g_train.reward_weights]
     labelled = [("sft", sft.folder), ("grpo", grpo.folder)]
